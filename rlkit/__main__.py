@@ -1,0 +1,3 @@
+from rlkit.cli import main
+
+main()

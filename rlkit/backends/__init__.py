@@ -1,0 +1,77 @@
+"""Model + tokenizer loading. ``auto`` picks Unsloth on a CUDA machine where it imports, else hf.
+
+The choice is made once per process (:func:`choose`), logged, and never changed silently: asking
+for ``unsloth`` where it cannot run is an error. Choosing Unsloth imports it right away, because it
+must be imported before trl/transformers/peft to patch them (the one documented import-order rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+from typing import Any
+
+from rlkit.errors import UserError
+
+log = logging.getLogger("rlkit")
+_chosen: dict[str, str] = {}
+
+
+def choose(requested: str) -> str:
+    """Resolve ``auto|unsloth|hf`` to the backend this machine will use."""
+    if requested in _chosen:
+        return _chosen[requested]
+    import torch
+
+    cuda = torch.cuda.is_available()
+    has_unsloth = importlib.util.find_spec("unsloth") is not None
+    if requested == "unsloth":
+        if not cuda:
+            raise UserError("model.backend: unsloth needs a CUDA GPU and this machine has none; "
+                            "use `backend: hf` (or `auto`) to run on CPU")
+        if not has_unsloth:
+            raise UserError("model.backend: unsloth is not installed; `pip install 'rlkit[gpu]'` "
+                            "or use `backend: hf`")
+        name = "unsloth"
+    elif requested == "auto":
+        name = "unsloth" if cuda and has_unsloth else "hf"
+        why = ("CUDA and unsloth available" if name == "unsloth"
+               else "no CUDA GPU" if not cuda else "unsloth not installed")
+        log.info("backend auto -> %s (%s)", name, why)
+    else:
+        name = requested
+    if name == "unsloth":
+        from rlkit.backends import unsloth as _  # noqa: F401  (imports unsloth before trl & co.)
+    _chosen[requested] = name
+    return name
+
+
+def import_unsloth_first(requested: str) -> None:
+    """Where Unsloth would be the backend, import it now, before anything imports trl.
+
+    Unlike :func:`choose`, this never raises: validating a GPU recipe on a laptop is fine.
+    """
+    with contextlib.suppress(UserError):
+        choose(requested)
+
+
+def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0) -> tuple[Any, Any, Any, str]:
+    """Load the recipe's model for training: ``(model, tokenizer, peft_config_or_None, backend)``.
+
+    On hf the LoRA is added by TRL from ``peft_config``; on Unsloth the model comes back already
+    wrapped (Unsloth's own ``get_peft_model``), so ``peft_config`` is None.
+    """
+    backend = choose(recipe.model.backend)
+    if backend == "unsloth":
+        from rlkit.backends import unsloth
+
+        model, tokenizer = unsloth.load(recipe.model, recipe.lora, recipe.init_from,
+                                        fast_inference=use_vllm, seed=seed)
+        return model, tokenizer, None, backend
+    from rlkit.backends import hf
+
+    model, tokenizer = hf.load(recipe.model)
+    if recipe.init_from:
+        return hf.attach_adapter(model, recipe.init_from, trainable=True), tokenizer, None, backend
+    return model, tokenizer, hf.lora_config(recipe.lora), backend

@@ -1,0 +1,107 @@
+"""transformers + peft (+ bitsandbytes nf4 for QLoRA). Runs on CPU and GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlkit.errors import UserError
+
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+def quantization_config(compute_dtype: Any):
+    """QLoRA's quantization: nf4 with double quantization (merge must load the base the same way)."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute_dtype)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name == "auto":
+        # bf16 where the GPU has it; CPU training stays in float32 (bf16 matmuls are slow there).
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    return getattr(torch, _DTYPES[name])
+
+
+def load(spec: Any):
+    """Base model and tokenizer for ``spec`` (a ``ModelSpec``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.tiny import resolve_model_id
+
+    name = resolve_model_id(spec.name_or_path)
+    dtype = torch_dtype(spec.dtype)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    if spec.load_in_4bit:
+        kwargs["quantization_config"] = quantization_config(dtype)
+        if torch.cuda.is_available():
+            kwargs["device_map"] = {"": torch.cuda.current_device()}
+    model = _from_pretrained(AutoModelForCausalLM, name, **kwargs)
+    if spec.load_in_4bit and not torch.cuda.is_available():
+        _disable_cpu_bf16_packing(model)
+    return model, load_tokenizer(name)
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = _from_pretrained(AutoTokenizer, name)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _from_pretrained(cls: Any, name: str, **kwargs: Any):
+    try:
+        return cls.from_pretrained(name, **kwargs)
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"model.name_or_path: cannot load {name!r}: {first}") from None
+
+
+def _disable_cpu_bf16_packing(model: Any) -> None:
+    # bitsandbytes on CPUs with AVX512-BF16 repacks nf4 weights on first use, which breaks
+    # dequantize/merge afterwards (see stack-facts.md): keep the plain layout.
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
+def lora_config(spec: Any):
+    if spec is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                      target_modules=spec.target_modules, modules_to_save=spec.modules_to_save,
+                      bias="none", task_type="CAUSAL_LM")
+
+
+def adapter_dir(path: str | Path) -> Path:
+    """The adapter directory of a run directory (``RUN/adapter``) or an adapter directory itself."""
+    path = Path(path)
+    for candidate in (path, path / "adapter"):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    raise UserError(f"{path}: not a run directory or adapter directory (no adapter_config.json); "
+                    "train one first or point at RUN_DIR/adapter")
+
+
+def attach_adapter(model: Any, path: str | Path, *, trainable: bool):
+    """Load a saved LoRA onto ``model``; trainable for continued training (SFT -> RL)."""
+    from peft import PeftModel
+
+    directory = adapter_dir(path)
+    peft_model = PeftModel.from_pretrained(model, str(directory), is_trainable=trainable)
+    if trainable:
+        n = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+        if n == 0:
+            raise UserError(f"init_from: {directory} loaded with zero trainable parameters")
+    return peft_model

@@ -1,0 +1,157 @@
+"""The ``rlkit`` command line. Each command parses its arguments and calls one function.
+
+Heavy imports (torch, transformers, trl) happen inside the commands, so ``rlkit --help`` and
+argument errors stay fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from rlkit.errors import UserError
+
+app = typer.Typer(help="Post-train language models with SFT and GRPO from one YAML recipe.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
+app.add_typer(recipes_app, name="recipes")
+
+SetOpt = typer.Option(None, "--set", help="Override a recipe key, e.g. --set trainer.learning_rate=1e-5.")
+SmokeOpt = typer.Option(False, "--smoke", help="Tiny built-in model, generated data, 2 steps, CPU-safe.")
+
+
+@app.command()
+def train(
+    recipe: Path = typer.Argument(..., help="Recipe YAML file."),
+    set_: list[str] = SetOpt,
+    smoke: bool = SmokeOpt,
+    output_dir: Path = typer.Option(None, "--output-dir", help="Run directory (default runs/<name>)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty run directory."),
+) -> None:
+    """Train the recipe; writes the run directory (adapter, metrics, resolved recipe)."""
+    from rlkit.train import train as run_train
+
+    run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite)
+    _console().print(f"[green]run directory:[/] {run_dir}")
+
+
+@app.command("eval")
+def eval_(
+    target: Path = typer.Argument(..., help="A recipe YAML or a run directory."),
+    model: str = typer.Option(None, "--model", help="Merged model dir, base model id, adapter dir or run dir."),
+    limit: int = typer.Option(None, "--limit", min=1, help="Evaluate the first N eval examples."),
+    smoke: bool = SmokeOpt,
+    set_: list[str] = SetOpt,
+    out: Path = typer.Option(None, "--out", help="Results JSON (default RUN/eval/<model>.json)."),
+) -> None:
+    """Greedy pass@1 accuracy on the recipe's eval split."""
+    from rlkit.evaluate import evaluate
+
+    results = evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [])
+    print_eval(results)
+
+
+def print_eval(results: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"eval: {results['recipe']} ({results['task']})")
+    for col in ("model", "examples", "accuracy", "seconds"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    table.add_row(results["model"], str(results["n"]), f"{results['accuracy']:.3f}", f"{results['seconds']:.1f}")
+    console = _console()
+    console.print(table)
+    console.print(f"per-example predictions: {results['path']}")
+
+
+@app.command()
+def demo(
+    output_dir: Path = typer.Option(Path("runs/demo"), "--output-dir", help="Where the demo's runs go."),
+) -> None:
+    """Offline demo on the built-in tiny model: SFT, then GRPO, evaluated before and after each stage."""
+    from rlkit.demo import run_demo
+
+    run_demo(output_dir)
+
+
+@recipes_app.command("list")
+def recipes_list() -> None:
+    """The shipped recipes."""
+    from rich.table import Table
+
+    from rlkit.recipe import read_yaml, recipe_header, shipped_recipes
+
+    table = Table(title="shipped recipes")
+    for col in ("name", "algorithm", "model", "about"):
+        table.add_column(col)
+    for path in shipped_recipes():
+        data = read_yaml(path)
+        header = recipe_header(path).splitlines()
+        table.add_row(path.stem, str(data.get("algorithm")), str((data.get("model") or {}).get("name_or_path")),
+                      header[0] if header else "")
+    _console().print(table)
+
+
+@recipes_app.command("show")
+def recipes_show(name: str = typer.Argument(..., help="A shipped recipe name or a path.")) -> None:
+    """Print a recipe."""
+    from rich.syntax import Syntax
+
+    from rlkit.recipe import find_recipe
+
+    path = find_recipe(name)
+    _console().print(Syntax(path.read_text(), "yaml", word_wrap=True))
+    _console().print(f"[dim]{path}[/]")
+
+
+@recipes_app.command("validate")
+def recipes_validate(
+    paths: list[Path] = typer.Argument(None, help="Recipe files (default: every shipped recipe)."),
+    smoke: bool = SmokeOpt,
+) -> None:
+    """Validate recipes (schema and TRL config) without loading any model."""
+    from rlkit.recipe import load_recipe, shipped_recipes
+
+    console = _console()
+    failed = 0
+    for path in paths or shipped_recipes():
+        try:
+            recipe = load_recipe(path, smoke=smoke)
+        except UserError as e:
+            failed += 1
+            console.print(f"[red]✗[/] {e}", highlight=False)
+        else:
+            console.print(f"[green]✓[/] {path} ({recipe.algorithm}, {recipe.model.name_or_path})", highlight=False)
+    if failed:
+        raise typer.Exit(2)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _setup_logging() -> None:
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    from rich.logging import RichHandler
+
+    handler = RichHandler(show_path=False, show_time=False, markup=False)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
+    logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
+
+
+def main() -> None:
+    _setup_logging()
+    try:
+        app()
+    except UserError as e:
+        print(f"rlkit: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Task datasets. A task module turns rows of one format into trainer-ready datasets.
+
+Each task module provides ``load(source)`` (Hub id or local file), ``generate(n, seed)`` (a seeded
+generator in the same format, for smoke runs and the demo), and the row builders the algorithms
+need (``sft_rows``, ``grpo_rows``). Tasks with a checkable answer also provide ``eval_rows`` and
+``score``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any
+
+from rlkit.errors import UserError
+
+# name -> module; imported lazily so `rlkit --help` stays cheap.
+TASKS = {
+    "gsm8k": "rlkit.data.gsm8k",
+    "sft": "rlkit.data.sft",
+}
+
+
+def get_task(name: str) -> ModuleType:
+    if name not in TASKS:
+        raise UserError(f"unknown task {name!r}; valid: {', '.join(sorted(TASKS))}")
+    return importlib.import_module(TASKS[name])
+
+
+def load_rows(task_name: str, source: Any):
+    """Rows for a recipe's ``DataSource``: generated, or loaded and checked by the task."""
+    task = get_task(task_name)
+    if source.synthetic is not None:
+        if not hasattr(task, "generate"):
+            raise UserError(f"task {task_name!r} has no generator; give `path:` instead of `synthetic:`")
+        try:
+            inspect.signature(task.generate).bind(source.synthetic, seed=source.seed, **source.generator)
+        except TypeError as e:
+            raise UserError(f"data.generator: {e} (task {task_name!r})") from None
+        ds = task.generate(source.synthetic, seed=source.seed, **source.generator)
+    else:
+        ds = task.load(source)
+    if source.limit is not None and len(ds) > source.limit:
+        ds = ds.select(range(source.limit))
+    if len(ds) == 0:
+        raise UserError(f"{source.path or 'synthetic'}: the dataset is empty")
+    return ds

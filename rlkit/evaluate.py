@@ -1,0 +1,127 @@
+"""``rlkit eval``: greedy pass@1 on a recipe's eval split, batched, with per-example predictions.
+
+The target is a recipe (its base model) or a run directory (base + the run's adapter); ``--model``
+names something else to evaluate: a merged model directory, a base model id, an adapter directory
+or another run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from rlkit.errors import UserError
+
+
+def evaluate(
+    target: str | Path,
+    model: str | None = None,
+    *,
+    limit: int | None = None,
+    smoke: bool = False,
+    out: str | Path | None = None,
+    overrides: list[str] | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...)."""
+    from rlkit import runs
+    from rlkit.data import get_task, load_rows
+    from rlkit.recipe import Recipe, load_recipe, validate
+
+    target = Path(target)
+    run_dir = target if runs.is_run_dir(target) else None
+    if run_dir is not None:
+        resolved = runs.read_resolved(run_dir)
+        resolved.pop("provenance", None)
+        recipe: Recipe = validate(resolved, source=str(run_dir / runs.RESOLVED))
+    else:
+        recipe = load_recipe(target, overrides, smoke=smoke, validate_trainer=False)
+    if recipe.data.eval is None:
+        raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
+    task = get_task(recipe.data.task)
+    if not hasattr(task, "score"):
+        raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
+    source = recipe.data.eval.model_copy(update={"limit": limit}) if limit else recipe.data.eval
+    rows = task.eval_rows(load_rows(recipe.data.task, source))
+
+    lm, tokenizer, label = load_for_eval(recipe, run_dir, model)
+    started = time.time()
+    completions = generate(lm, tokenizer, list(rows["prompt"]), recipe.model.chat_template_kwargs,
+                           max_new_tokens=recipe.eval.max_new_tokens, batch_size=recipe.eval.batch_size,
+                           show_progress=show_progress)
+    elapsed = time.time() - started
+    scores = task.score(completions, rows)
+    from rlkit.rewards.math import extract_answer
+
+    examples = [
+        {"prompt": row["prompt"][-1]["content"], "gold": row["answer"], "prediction": extract_answer(c),
+         "completion": c, "correct": bool(s)}
+        for row, c, s in zip(rows, completions, scores, strict=True)
+    ]
+    results = {
+        "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
+        "accuracy": sum(scores) / len(scores), "seconds": round(elapsed, 2), "examples": examples,
+    }
+    path = Path(out) if out else _default_out(recipe.name, run_dir, label)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    results["path"] = str(path)
+    return results
+
+
+def _default_out(name: str, run_dir: Path | None, label: str) -> Path:
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[-60:]
+    return (run_dir / "eval" if run_dir else Path("evals") / name) / f"{tag}.json"
+
+
+def load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple[Any, Any, str]:
+    """(model, tokenizer, label) for the eval target, always on the hf backend (batched generate)."""
+    from rlkit import runs
+    from rlkit.backends import hf
+
+    if model is None:
+        if run_dir is None:
+            return (*hf.load(recipe.model), recipe.model.name_or_path)
+        return _base_plus_adapter(recipe, run_dir / "adapter"), f"{run_dir}/adapter"
+    path = Path(model)
+    if runs.is_run_dir(path) or (path / "adapter_config.json").is_file():
+        return _base_plus_adapter(recipe, hf.adapter_dir(path)), str(hf.adapter_dir(path))
+    spec = recipe.model.model_copy(update={"name_or_path": model, "load_in_4bit": False})
+    return (*hf.load(spec), model)
+
+
+def _base_plus_adapter(recipe: Any, adapter: Path) -> tuple[Any, Any]:
+    from rlkit.backends import hf
+
+    # The adapter is evaluated on the base it was trained against (4-bit stays 4-bit).
+    base, _ = hf.load(recipe.model)
+    model = hf.attach_adapter(base, adapter, trainable=False)
+    return model, hf.load_tokenizer(str(adapter))
+
+
+def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwargs: dict[str, Any], *,
+             max_new_tokens: int, batch_size: int, show_progress: bool = True) -> list[str]:
+    """Greedy completions for chat prompts, batched with left padding."""
+    import torch
+    from rich.progress import Progress
+
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **chat_template_kwargs)
+             for p in prompts]
+    tokenizer.padding_side = "left"
+    model.eval()
+    device = next(model.parameters()).device
+    out: list[str] = []
+    with Progress(disable=not show_progress, transient=True) as progress, torch.inference_mode():
+        task = progress.add_task("generating", total=len(texts))
+        for i in range(0, len(texts), batch_size):
+            batch = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True,
+                              add_special_tokens=False).to(device)
+            ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+            new = ids[:, batch["input_ids"].shape[1]:]
+            out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            progress.advance(task, len(new))
+    return out

@@ -1,0 +1,369 @@
+"""Recipes: one YAML file per experiment, validated before any model loads.
+
+rlkit's own sections are strict pydantic models (an unknown key is an error naming the closest
+valid key). The ``trainer:`` block uses TRL's field names verbatim and is validated by building
+the TRL config class of the recipe's algorithm: rlkit never re-declares TRL's fields.
+
+Order of operations in :func:`load_recipe`: YAML -> ``--smoke`` substitutions -> ``--set``
+overrides (so an explicit override wins over smoke) -> schema -> TRL config.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlkit.errors import UserError
+
+ALGORITHMS = ("sft", "grpo")
+# Recipe keys that rlkit fills from its own sections: setting them in `trainer:` would be ambiguous.
+RLKIT_OWNED_TRAINER_KEYS = {
+    "output_dir": "use `rlkit train --output-dir DIR` (the run directory)",
+    "reward_weights": "set `weight:` on each entry of `rewards:`",
+    "chat_template_kwargs": "set `model.chat_template_kwargs` (it reaches training, eval and rollouts alike)",
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ModelSpec(Strict):
+    name_or_path: str
+    backend: Literal["auto", "unsloth", "hf"] = "auto"
+    load_in_4bit: bool = False
+    max_seq_length: int = Field(2048, gt=0)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    # Unsloth's colocated vLLM engine takes this share of GPU memory (fast_inference).
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    # transformers' attention kernel; null = its default. Tiny models on CPU run faster with "eager".
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    # Passed to the chat template everywhere the model is prompted, e.g. {enable_thinking: false}.
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class LoraSpec(Strict):
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+    modules_to_save: list[str] | None = None
+
+
+class DataSource(Strict):
+    """Where rows come from: a Hub id or local file (``path``), or the task's generator."""
+
+    path: str | None = None
+    name: str | None = None
+    split: str = "train"
+    limit: int | None = Field(None, gt=0)
+    synthetic: int | None = Field(None, gt=0, description="generate this many rows with the task's generator")
+    seed: int = 0
+    generator: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the generator")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSource:
+        if (self.path is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of `path` (Hub id or local file) or `synthetic` (row count)")
+        return self
+
+
+class DataSpec(Strict):
+    task: str
+    train: DataSource
+    eval: DataSource | None = None
+
+
+class RewardSpec(Strict):
+    name: str
+    weight: float = 1.0
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalSpec(Strict):
+    max_new_tokens: int = Field(512, gt=0)
+    batch_size: int = Field(32, gt=0)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    algorithm: Literal["sft", "grpo"]
+    model: ModelSpec
+    lora: LoraSpec | None = Field(default_factory=LoraSpec)
+    init_from: str | None = None
+    data: DataSpec
+    rewards: list[RewardSpec] = Field(default_factory=list)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    trainer: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _algorithm_sections(self) -> Recipe:
+        if self.algorithm == "grpo" and not self.rewards:
+            raise ValueError("a grpo recipe needs at least one entry in `rewards:`")
+        if self.algorithm == "sft" and self.rewards:
+            raise ValueError("`rewards:` is only used by grpo recipes; remove it from this sft recipe")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such recipe file (see `rlkit recipes list`)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a recipe is a YAML mapping (key: value), got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "--set") -> dict[str, Any]:
+    """Apply ``a.b=c`` overrides; values are parsed as YAML scalars (``true``, ``5e-6``, ``[a, b]``)."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"{source} {item!r}: expected KEY=VALUE, e.g. --set trainer.learning_rate=1e-5")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            raise UserError(f"{source} {item!r}: the value is not valid YAML; quote it") from None
+        value = _yaml_float(value)
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise UserError(f"{source} {item!r}: '{part}' is not a section, cannot set a key inside it")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _yaml_float(value: Any) -> Any:
+    # PyYAML (YAML 1.1) reads `5e-6` as a string; everyone means the number.
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value.lower() for c in "e.") and value[0] in "+-.0123456789" else value
+        except ValueError:
+            return value
+    return value
+
+
+def load_recipe(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    smoke: bool = False,
+    validate_trainer: bool = True,
+) -> Recipe:
+    """Read, override and validate a recipe. Raises :class:`UserError` with a one-line message."""
+    path = Path(path)
+    data = read_yaml(path)
+    smoke_changes: list[str] = []
+    if smoke:
+        from rlkit.smoke import apply_smoke
+
+        data, smoke_changes = apply_smoke(data)
+    data = apply_overrides(data, overrides or [])
+    recipe = validate(data, source=str(path))
+    from rlkit.backends import import_unsloth_first
+
+    import_unsloth_first(recipe.model.backend)
+    if validate_trainer:
+        trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(path))
+    recipe._smoke_changes = smoke_changes  # type: ignore[attr-defined]
+    return recipe
+
+
+def validate(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
+    data = {k: _floats_in(v) for k, v in data.items()}
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        raise UserError(f"{source}: {_describe(e, data)}") from None
+    from rlkit.data import TASKS
+
+    if recipe.data.task not in TASKS:
+        raise UserError(f"{source}: data.task: unknown task {recipe.data.task!r}{_suggest(recipe.data.task, TASKS)}")
+    if recipe.algorithm == "grpo":
+        from rlkit.rewards import resolve_reward
+
+        for i, spec in enumerate(recipe.rewards):
+            try:
+                resolve_reward(spec.name, spec.args)
+            except UserError as e:
+                raise UserError(f"{source}: rewards.{i}.name: {e}") from None
+    for key, why in RLKIT_OWNED_TRAINER_KEYS.items():
+        if key in recipe.trainer:
+            raise UserError(f"{source}: trainer.{key}: set by rlkit; {why}")
+    return recipe
+
+
+def _floats_in(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _floats_in(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats_in(v) for v in value]
+    return _yaml_float(value)
+
+
+def _describe(error: ValidationError, data: dict[str, Any]) -> str:
+    err = error.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    key = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        valid = _valid_keys(loc[:-1])
+        return f"{key}: unknown key{_suggest(loc[-1], valid)}; valid keys here: {', '.join(sorted(valid))}"
+    if err["type"] == "missing":
+        return f"{key}: required key is missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    return f"{key}: {msg}{shown}"
+
+
+def _valid_keys(loc: list[str]) -> list[str]:
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        if model is None or part.isdigit():
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field else None
+    return list(model.model_fields) if model else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found:
+            return found
+    return None
+
+
+def _suggest(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer block -> TRL config
+
+CONFIG_CLASSES = {"sft": "SFTConfig", "grpo": "GRPOConfig"}
+
+
+def config_class(algorithm: str) -> type:
+    import trl
+
+    return getattr(trl, CONFIG_CLASSES[algorithm])
+
+
+def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>") -> Any:
+    """Build the TRL config for ``recipe``: its ``trainer:`` block plus the fields rlkit decides.
+
+    Device-dependent defaults are filled for this machine (see :func:`device_defaults`), so a GPU
+    recipe validates on a laptop without a GPU.
+    """
+    import dataclasses
+
+    from pydantic import TypeAdapter
+
+    cls = config_class(recipe.algorithm)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs: dict[str, Any] = {}
+    for key, value in recipe.trainer.items():
+        if key not in fields:
+            raise UserError(f"{source}: trainer.{key}: not a {cls.__name__} field{_suggest(key, fields)}")
+        kwargs[key] = _coerce(cls, key, value, source, TypeAdapter)
+    kwargs.update(device_defaults(recipe))
+    from rlkit.trainers import builder
+
+    kwargs.update(builder(recipe.algorithm).rlkit_fields(recipe))
+    try:
+        return cls(output_dir=output_dir, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{source}: trainer: {cls.__name__} rejected the settings: {str(e).splitlines()[0]}") from None
+
+
+def _coerce(cls: type, key: str, value: Any, source: str, adapter: Any) -> Any:
+    import typing
+
+    try:
+        annotation = typing.get_type_hints(cls)[key]
+    except Exception:  # an annotation TRL's module cannot resolve at runtime: let TRL judge the value
+        return value
+    try:
+        return adapter(annotation).validate_python(value)
+    except ValidationError as e:
+        msg = e.errors()[0]["msg"]
+        raise UserError(f"{source}: trainer.{key}: {msg} (got {value!r})") from None
+    except Exception:  # pydantic cannot build a validator for this annotation: let TRL judge it
+        return value
+
+
+def device_defaults(recipe: Recipe) -> dict[str, Any]:
+    """Fields that depend on the machine: TRL defaults to bf16, which a CPU-only machine lacks."""
+    if cuda_available():
+        return {}
+    out: dict[str, Any] = {"use_cpu": True}
+    if "bf16" not in recipe.trainer:
+        out["bf16"] = False
+    return out
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shipped recipes
+
+
+def recipes_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "recipes"
+
+
+def shipped_recipes() -> list[Path]:
+    return sorted(recipes_dir().glob("*.yaml"))
+
+
+def find_recipe(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (recipes_dir() / name_or_path, recipes_dir() / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    names = [p.stem for p in shipped_recipes()]
+    raise UserError(f"{name_or_path}: no such recipe file or shipped recipe{_suggest(name_or_path, names)}; "
+                    f"shipped: {', '.join(names)}")
+
+
+def recipe_header(path: Path) -> str:
+    """The recipe's leading comment block (purpose, hardware, command)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Reward functions by name: the ``REWARDS`` registry, plus ``package.module:function`` for user code.
+
+Every reward follows TRL's calling convention, ``f(prompts=..., completions=..., completion_ids=...,
+**dataset_columns, **trainer_kwargs) -> list[float]``, and is pure.
+"""
+
+import difflib
+import functools
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+
+from rlkit.errors import UserError
+from rlkit.rewards.math import answer_format, gsm8k_correct
+
+REWARDS: dict[str, Callable[..., list[float]]] = {
+    "gsm8k_correct": gsm8k_correct,
+    "answer_format": answer_format,
+}
+
+
+def resolve_reward(name: str, args: dict | None = None) -> Callable[..., list[float]]:
+    """The reward called ``name`` (a ``REWARDS`` key or ``package.module:function``), with ``args`` bound."""
+    if name in REWARDS:
+        func = REWARDS[name]
+    elif ":" in name:
+        func = _import(name)
+    else:
+        raise UserError(
+            f"unknown reward {name!r}{_suggestion(name)}; valid: {', '.join(sorted(REWARDS))}, "
+            "or package.module:function"
+        )
+    if not callable(func):
+        raise UserError(f"reward {name!r} is a {type(func).__name__}, not a function")
+    if not args:
+        return func
+    if inspect.iscoroutinefunction(func):
+        raise UserError(
+            f"reward {name!r} is async, which rlkit cannot bind `args:` to; "
+            "read them inside the function instead"
+        )
+    return _WithArgs(func, name.rpartition(":")[2], args)
+
+
+def _suggestion(name: str) -> str:
+    close = difflib.get_close_matches(name, REWARDS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _import(spec: str) -> object:
+    if not re.fullmatch(r"\w+(\.\w+)*:\w+", spec):
+        raise UserError(f"reward {spec!r} must have the form package.module:function")
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UserError(f"cannot import reward {spec!r}: {e}") from None
+    if not hasattr(module, attribute):
+        raise UserError(f"cannot load reward {spec!r}: module {module_name!r} has no attribute {attribute!r}")
+    return getattr(module, attribute)
+
+
+class _WithArgs:
+    """A reward with the recipe's ``args`` added to every call, named after the reward.
+
+    A module-level class rather than a closure so it pickles (TRL's async GRPO sends reward functions
+    to a spawned process), and not a bare ``functools.partial``, which TRL logs under the wrapped
+    function's name.
+    """
+
+    def __init__(self, func: Callable[..., list[float]], name: str, args: dict) -> None:
+        functools.update_wrapper(self, func)
+        self.__name__ = self.__qualname__ = name
+        self.args = dict(args)
+
+    def __call__(self, *positional, **kwargs) -> list[float]:
+        return self.__wrapped__(*positional, **kwargs, **self.args)
+
+    def __repr__(self) -> str:
+        return f"{self.__name__}(**{self.args!r})"

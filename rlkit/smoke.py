@@ -1,0 +1,73 @@
+"""``--smoke``: the same recipe shrunk to run in seconds on a CPU with no downloads.
+
+It swaps in the built-in tiny model, generated data in the task's format, a couple of steps and
+CPU-safe settings, and reports every change it made.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rlkit.tiny import TINY_MODEL
+
+# trainer keys rlkit sets for a smoke run; all are TRL field names.
+_TRAINER = {
+    "max_steps": 2,
+    "logging_steps": 1,
+    "warmup_steps": 0,
+    "warmup_ratio": None,
+    "save_steps": 2,
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 1,
+    "gradient_checkpointing": False,
+    "report_to": "none",
+    "dataloader_num_workers": 0,
+    "bf16": False,
+    "fp16": False,
+}
+_GRPO = {"use_vllm": False, "num_generations": 4, "max_completion_length": 24, "steps_per_generation": None,
+         "generation_batch_size": None, "log_completions": False}
+_SFT = {"max_length": 256, "packing": False}
+_CPU_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+
+
+def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    data = copy.deepcopy(data)
+    changes: list[str] = []
+
+    def put(section: dict, key: str, value: Any, path: str) -> None:
+        old = section.get(key, "<unset>")
+        if value is None:
+            if key in section:
+                del section[key]
+                changes.append(f"{path}: {old!r} -> <TRL default>")
+            return
+        if old != value:
+            section[key] = value
+            changes.append(f"{path}: {old!r} -> {value!r}")
+
+    model = data.setdefault("model", {})
+    put(model, "name_or_path", TINY_MODEL, "model.name_or_path")
+    put(model, "backend", "hf", "model.backend")
+    put(model, "load_in_4bit", False, "model.load_in_4bit")
+    put(model, "max_seq_length", 512, "model.max_seq_length")
+    put(model, "attn_implementation", "eager", "model.attn_implementation")
+    if isinstance(data.get("lora"), dict):
+        put(data["lora"], "r", 8, "lora.r")
+        put(data["lora"], "alpha", 16, "lora.alpha")
+    if data.get("init_from"):
+        put(data, "init_from", None, "init_from")
+    task_data = data.setdefault("data", {})
+    put(task_data, "train", {"synthetic": 32, "seed": 0}, "data.train")
+    put(task_data, "eval", {"synthetic": 8, "seed": 1}, "data.eval")
+    put(data.setdefault("eval", {}), "max_new_tokens", 24, "eval.max_new_tokens")
+
+    trainer = data.setdefault("trainer", {})
+    algorithm = data.get("algorithm")
+    wanted = {**_TRAINER, **(_GRPO if algorithm == "grpo" else _SFT if algorithm == "sft" else {})}
+    for key, value in wanted.items():
+        put(trainer, key, value, f"trainer.{key}")
+    if trainer.get("optim", "adamw_torch") not in _CPU_OPTIMIZERS:
+        put(trainer, "optim", "adamw_torch", "trainer.optim")
+    return data, changes

@@ -1,0 +1,38 @@
+"""Tests run offline on CPU: no Hub, no Unsloth CPU fallback, no W&B, tiny models only."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("UNSLOTH_DISABLE_CPU_FALLBACK", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+
+    cuda = False
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny model, built once per session into a private cache."""
+    from rlkit.tiny import tiny_model_path
+
+    return tiny_model_path()
