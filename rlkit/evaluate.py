@@ -73,7 +73,7 @@ def evaluate(
 
 
 def _default_out(name: str, run_dir: Path | None, label: str) -> Path:
-    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[-60:]
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(label).name).strip("_") or "model"
     return (run_dir / "eval" if run_dir else Path("evals") / name) / f"{tag}.json"
 
 
@@ -85,10 +85,10 @@ def load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple
     if model is None:
         if run_dir is None:
             return (*hf.load(recipe.model), recipe.model.name_or_path)
-        return _base_plus_adapter(recipe, run_dir / "adapter"), f"{run_dir}/adapter"
+        return (*_base_plus_adapter(recipe, run_dir / "adapter"), f"{run_dir}/adapter")
     path = Path(model)
     if runs.is_run_dir(path) or (path / "adapter_config.json").is_file():
-        return _base_plus_adapter(recipe, hf.adapter_dir(path)), str(hf.adapter_dir(path))
+        return (*_base_plus_adapter(recipe, hf.adapter_dir(path)), str(hf.adapter_dir(path)))
     spec = recipe.model.model_copy(update={"name_or_path": model, "load_in_4bit": False})
     return (*hf.load(spec), model)
 

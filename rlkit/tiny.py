@@ -28,7 +28,7 @@ from pathlib import Path
 TINY_MODEL = "rlkit/tiny-qwen3"
 TINY_MODEL_SMALL = "rlkit/tiny-qwen3-small"
 _PSEUDO_IDS = {TINY_MODEL: "tiny", TINY_MODEL_SMALL: "small"}
-CACHE_VERSION = "tiny-qwen3-v1"  # bump when anything below changes the built files
+CACHE_VERSION = "tiny-qwen3-v2"  # bump when anything below changes the built files
 
 # Qwen3's relative order: <|endoftext|>, <|im_start|>, <|im_end|>, then the tool and think tags.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -101,7 +101,10 @@ def _corpus(n: int = 1500) -> list[str]:
     calc = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic "
             "expression.", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                                           "required": ["expression"]}}}
-    docs = [_TOOLS_HEADER + "\n" + json.dumps(calc)] * 20
+    from rlkit.data.gsm8k import SYSTEM_PROMPT
+
+    # The prompts rlkit sends: frequent enough that BPE merges them into few tokens.
+    docs = [_TOOLS_HEADER + "\n" + json.dumps(calc)] * 20 + [SYSTEM_PROMPT] * 50
     for _ in range(n):
         q, expr, solution, c = _problem(rng)
         call = json.dumps({"name": "calculator", "arguments": {"expression": expr.replace(" ", "")}})

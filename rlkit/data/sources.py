@@ -23,10 +23,13 @@ def load_source(source: Any, required: tuple[str, ...] = ()):
             raise UserError(f"{path}: is a directory; point `path:` at a .jsonl, .json, .parquet or .csv file")
         if local.suffix not in _FORMATS:
             raise UserError(f"{path}: unsupported file type {local.suffix!r}; use one of {', '.join(_FORMATS)}")
+        if local.stat().st_size == 0:
+            raise UserError(f"{path}: the dataset is empty")
         try:
             ds = datasets.load_dataset(_FORMATS[local.suffix], data_files=str(local), split="train")
         except Exception as e:  # the datasets library raises many types for a malformed file
-            raise UserError(f"{path}: could not read {local.suffix} file: {str(e).splitlines()[0]}") from None
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{path}: could not read {local.suffix} file: {reason}") from None
     else:
         ds = _load_hub(path, source.name, source.split)
     missing = [c for c in required if c not in ds.column_names]

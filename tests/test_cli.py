@@ -1,0 +1,102 @@
+"""The installed `rlkit` console script: fast help, exit code 2 for user errors, smoke train + eval."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.recipe import recipes_dir
+
+RLKIT = shutil.which("rlkit", path=str(Path(sys.executable).parent)) or shutil.which("rlkit")
+
+
+def rlkit(*args, cwd=None, timeout=300):
+    env = {**os.environ, "RLKIT_LOG_LEVEL": "WARNING"}
+    return subprocess.run([RLKIT, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def test_console_script_is_installed():
+    assert RLKIT, "the rlkit console script is not on PATH; install with `pip install -e .`"
+
+
+def test_help_is_fast_and_imports_no_torch():
+    started = time.time()
+    res = rlkit("--help")
+    elapsed = time.time() - started
+    assert res.returncode == 0 and "train" in res.stdout and "recipes" in res.stdout
+    assert elapsed < 3.0  # generous for a loaded CI machine; measured ~0.3 s
+    probe = "import sys, rlkit.cli; sys.argv=['rlkit', '--help']\ntry:\n    rlkit.cli.main()\nexcept SystemExit: pass\n" \
+            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'datasets') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_argument_errors_exit_2():
+    assert rlkit("train").returncode == 2
+    assert rlkit("eval", "x.yaml", "--limit", "0").returncode == 2
+    assert rlkit("nonsense").returncode == 2
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((recipes_dir() / "gsm8k_sft.yaml").read_text().replace("backend: auto", "backnd: auto"))
+    res = rlkit("train", bad, "--smoke")
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"rlkit: error: {bad}: model.backnd: unknown key (did you mean 'backend'?); " \
+        "valid keys here: attn_implementation, backend, chat_template_kwargs, dtype, gpu_memory_utilization, " \
+        "load_in_4bit, max_seq_length, name_or_path"
+    assert "Traceback" not in res.stderr
+    res = rlkit("train", recipes_dir() / "gsm8k_sft.yaml", "--smoke", "--set", "trainer.learning_rate=fast")
+    assert res.returncode == 2 and "trainer.learning_rate: Input should be a valid number" in res.stderr
+    res = rlkit("train", tmp_path / "missing.yaml")
+    assert res.returncode == 2 and "no such recipe file" in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_use_vllm_without_gpu_is_refused(tmp_path):
+    res = rlkit("train", recipes_dir() / "gsm8k_grpo.yaml", "--set", "model.backend=hf",
+                "--set", "model.load_in_4bit=false", "--output-dir", tmp_path / "run")
+    assert res.returncode == 2
+    assert "trainer.use_vllm: vLLM needs a CUDA GPU" in res.stderr
+    res = rlkit("train", recipes_dir() / "gsm8k_grpo.yaml", "--output-dir", tmp_path / "run")
+    assert res.returncode == 2 and "unsloth needs a CUDA GPU" in res.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_recipes_list_show_validate():
+    res = rlkit("recipes", "list")
+    assert res.returncode == 0 and "gsm8k_grpo" in res.stdout and "gsm8k_sft" in res.stdout
+    res = rlkit("recipes", "show", "gsm8k_grpo")
+    assert res.returncode == 0 and "num_generations: 8" in res.stdout
+    assert rlkit("recipes", "show", "gsm8k_grp").returncode == 2
+    res = rlkit("recipes", "validate")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("✓") == len(list(recipes_dir().glob("*.yaml")))
+
+
+def test_recipes_validate_reports_each_bad_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")
+    res = rlkit("recipes", "validate", bad, recipes_dir() / "gsm8k_sft.yaml")
+    assert res.returncode == 2
+    assert "✗" in res.stdout and "algorithm: required key is missing" in res.stdout and "✓" in res.stdout
+
+
+@pytest.mark.slow
+def test_smoke_train_then_eval_through_the_console_script(tmp_path):
+    res = rlkit("train", recipes_dir() / "gsm8k_sft.yaml", "--smoke", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run_dir = tmp_path / "runs" / "gsm8k_sft-smoke"
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+    res = rlkit("eval", run_dir, "--limit", "5", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "accuracy" in res.stdout
+    (path,) = (run_dir / "eval").glob("*.json")
+    results = json.loads(path.read_text())
+    assert results["n"] == 5 and len(results["examples"]) == 5
+    assert results["accuracy"] == sum(e["correct"] for e in results["examples"]) / 5

@@ -1,0 +1,97 @@
+"""GSM8K task: local files, the synthetic generator, prompts, and the real test set when present."""
+
+import json
+
+import pytest
+
+from rlkit.data import gsm8k, load_rows
+from rlkit.errors import UserError
+from rlkit.recipe import DataSource
+from rlkit.rewards.math import gsm8k_correct
+
+from .conftest import SHARED_DATA
+
+
+def test_generator_is_seeded_and_in_gsm8k_format():
+    a, b, c = gsm8k.generate(20, seed=1), gsm8k.generate(20, seed=1), gsm8k.generate(20, seed=2)
+    assert a.to_list() == b.to_list() and a.to_list() != c.to_list()
+    for row in a:
+        *lines, final = row["answer"].splitlines()
+        assert final.startswith("#### ")
+        # every step line is correct arithmetic and the last result is the answer
+        for line in lines:
+            lhs, rhs = line.split(" = ")
+            assert eval(lhs) == int(rhs)  # noqa: S307  (test-only check of generated text)
+        assert int(final[5:]) == int(lines[-1].split(" = ")[1])
+
+
+def test_generator_arguments_bound_the_problems():
+    rows = gsm8k.generate(50, seed=0, max_value=9, max_steps=1)
+    assert all(len(r["answer"].splitlines()) == 2 for r in rows)
+    with pytest.raises(UserError, match="data.generator"):
+        load_rows("gsm8k", DataSource(synthetic=5, generator={"difficulty": 3}))
+
+
+def test_rows_for_sft_and_grpo():
+    ds = gsm8k.generate(3, seed=0)
+    sft = gsm8k.sft_rows(ds)
+    assert sft.column_names == ["prompt", "completion"]
+    assert sft[0]["prompt"][0] == {"role": "system", "content": gsm8k.SYSTEM_PROMPT}
+    assert sft[0]["completion"][0]["role"] == "assistant"
+    grpo = gsm8k.grpo_rows(ds)
+    assert sorted(grpo.column_names) == ["answer", "prompt"]
+    assert grpo[0]["answer"] == ds[0]["answer"].split("####")[-1].strip()
+
+
+def test_solution_text_strips_calculator_annotations():
+    assert gsm8k.solution_text("48/2 = <<48/2=24>>24 clips\n#### 72") == "48/2 = 24 clips\n#### 72"
+
+
+def test_local_jsonl_and_parquet(tmp_path):
+    rows = [{"question": "What is 2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}] * 3
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows))
+    ds = load_rows("gsm8k", DataSource(path=str(jsonl), limit=2))
+    assert len(ds) == 2 and ds[0]["question"] == "What is 2+2?"
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    assert len(load_rows("gsm8k", DataSource(path=str(tmp_path / "d.parquet")))) == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "no such data file"),
+        ('{"question": "q"}', "missing column(s) answer"),
+        ("", "the dataset is empty"),
+        ("{not json", "could not read .jsonl file"),
+    ],
+)
+def test_bad_local_files(tmp_path, content, expected):
+    path = tmp_path / "d.jsonl"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UserError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        load_rows("gsm8k", DataSource(path=str(path)))
+
+
+def test_hub_id_while_offline_is_a_user_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(UserError, match="openai/gsm8k"):
+        load_rows("gsm8k", DataSource(path="openai/gsm8k", name="main", split="test"))
+
+
+GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
+
+
+@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl not present")
+def test_real_gsm8k_gold_solutions_all_score_correct():
+    ds = load_rows("gsm8k", DataSource(path=str(GSM8K_TEST)))
+    assert len(ds) > 1000
+    rows = gsm8k.grpo_rows(ds)
+    solutions = [gsm8k.solution_text(a) for a in ds["answer"]]
+    scores = gsm8k_correct(solutions, answer=rows["answer"])
+    assert sum(scores) == len(ds)
+    # and as the conversational completions TRL passes
+    scores = gsm8k_correct([[{"role": "assistant", "content": s}] for s in solutions[:200]], answer=rows["answer"][:200])
+    assert sum(scores) == 200
