@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from rlkit.errors import UserError
 
@@ -100,6 +100,12 @@ class Recipe(Strict):
     rewards: list[RewardSpec] = Field(default_factory=list)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     trainer: dict[str, Any] = Field(default_factory=dict)
+    # What --smoke changed, for the log and the run's provenance (not part of the recipe itself).
+    _smoke_changes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def smoke_changes(self) -> list[str]:
+        return list(self._smoke_changes)
 
     @model_validator(mode="after")
     def _algorithm_sections(self) -> Recipe:
@@ -188,7 +194,7 @@ def load_recipe(
     import_unsloth_first(recipe.model.backend)
     if validate_trainer:
         trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(path))
-    recipe._smoke_changes = smoke_changes  # type: ignore[attr-defined]
+    recipe._smoke_changes = smoke_changes
     return recipe
 
 

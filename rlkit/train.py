@@ -30,7 +30,7 @@ def train(
     from rlkit.recipe import cuda_available, load_recipe, trainer_config
 
     recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
-    for change in getattr(recipe, "_smoke_changes", []):
+    for change in recipe.smoke_changes:
         log.info("smoke: %s", change)
     backend = backends.choose(recipe.model.backend)  # before trl is imported (Unsloth's rule)
     trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path))
@@ -85,7 +85,7 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     provenance = {
         "source": source,
         "smoke": smoke,
-        "smoke_changes": getattr(recipe, "_smoke_changes", []),
+        "smoke_changes": recipe.smoke_changes,
         "backend": backend,
         "model_loaded": resolve_model_id(recipe.model.name_or_path),
         "init_from": str(Path(recipe.init_from).resolve()) if recipe.init_from else None,

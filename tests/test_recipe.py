@@ -98,7 +98,7 @@ def test_smoke_changes_are_reported_and_override_wins(tmp_path):
     recipe = load_recipe(path, ["trainer.max_steps=3"], smoke=True)
     assert recipe.model.name_or_path == "rlkit/tiny-qwen3"
     assert recipe.trainer["max_steps"] == 3 and recipe.trainer["use_vllm"] is False
-    changes = recipe._smoke_changes
+    changes = recipe.smoke_changes
     assert any(c.startswith("model.name_or_path: 'Qwen/Qwen3-1.7B'") for c in changes)
 
 
