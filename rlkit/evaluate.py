@@ -103,8 +103,13 @@ def _base_plus_adapter(recipe: Any, adapter: Path) -> tuple[Any, Any]:
 
 
 def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwargs: dict[str, Any], *,
-             max_new_tokens: int, batch_size: int, show_progress: bool = True) -> list[str]:
-    """Greedy completions for chat prompts, batched with left padding."""
+             max_new_tokens: int, batch_size: int, show_progress: bool = True,
+             num_return_sequences: int = 1, temperature: float | None = None,
+             description: str = "generating") -> list[str]:
+    """Completions for chat prompts, batched with left padding: greedy, or sampled at ``temperature``.
+
+    With ``num_return_sequences=k`` the result holds k completions per prompt, prompt by prompt.
+    """
     import torch
     from rich.progress import Progress
 
@@ -115,13 +120,15 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
     device = next(model.parameters()).device
     out: list[str] = []
     with Progress(disable=not show_progress, transient=True) as progress, torch.inference_mode():
-        task = progress.add_task("generating", total=len(texts))
+        task = progress.add_task(description, total=len(texts))
         for i in range(0, len(texts), batch_size):
             batch = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True,
                               add_special_tokens=False).to(device)
-            ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
+                        "num_return_sequences": num_return_sequences} if temperature else {"do_sample": False}
+            ids = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **sampling)
             new = ids[:, batch["input_ids"].shape[1]:]
             out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-            progress.advance(task, len(new))
+            progress.advance(task, len(batch["input_ids"]))
     return out

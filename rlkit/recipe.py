@@ -20,12 +20,18 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from rlkit.errors import UserError
 
-ALGORITHMS = ("sft", "grpo")
+ALGORITHMS = ("sft", "dpo", "reward", "ppo", "grpo")
+# Algorithms whose rewards come from rlkit's reward functions (`rewards:`).
+_REWARD_FUNCTION_ALGORITHMS = ("grpo", "ppo", "dpo")
 # Recipe keys that rlkit fills from its own sections: setting them in `trainer:` would be ambiguous.
 RLKIT_OWNED_TRAINER_KEYS = {
     "output_dir": "use `rlkit train --output-dir DIR` (the run directory)",
     "reward_weights": "set `weight:` on each entry of `rewards:`",
     "chat_template_kwargs": "set `model.chat_template_kwargs` (it reaches training, eval and rollouts alike)",
+    "reward_model_path": "set `reward_model:` (a reward run directory or a Hub id)",
+    "sft_model_path": "set `model.name_or_path` (and `init_from:` to continue an adapter)",
+    "model_adapter_name": "rlkit names the adapters itself when continuing from `init_from:`",
+    "ref_adapter_name": "rlkit names the adapters itself when continuing from `init_from:`",
 }
 
 
@@ -85,6 +91,18 @@ class RewardSpec(Strict):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+class PairsSpec(Strict):
+    """How ``rlkit pairs`` builds on-policy DPO pairs: sample, score with ``rewards:``, keep best vs worst."""
+
+    prompts: DataSource
+    samples: int = Field(8, ge=2, description="completions sampled per prompt")
+    min_gap: float = Field(0.5, ge=0, description="keep a pair only when best - worst reward exceeds this")
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int | None = Field(None, gt=0, description="default: eval.max_new_tokens")
+    batch_size: int = Field(8, gt=0, description="prompts per generate call (each sampled `samples` times)")
+    seed: int = 0
+
+
 class EvalSpec(Strict):
     max_new_tokens: int = Field(512, gt=0)
     batch_size: int = Field(32, gt=0)
@@ -92,12 +110,17 @@ class EvalSpec(Strict):
 
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    algorithm: Literal["sft", "grpo"]
+    algorithm: Literal["sft", "dpo", "reward", "ppo", "grpo"]
     model: ModelSpec
     lora: LoraSpec | None = Field(default_factory=LoraSpec)
     init_from: str | None = None
     data: DataSpec
     rewards: list[RewardSpec] = Field(default_factory=list)
+    # PPO: a reward run directory (algorithm: reward) or a Hub sequence-classification model, used
+    # instead of `rewards:`; the value model starts from the policy's base unless `value_model` names one.
+    reward_model: str | None = None
+    value_model: str | None = None
+    pairs: PairsSpec | None = None
     eval: EvalSpec = Field(default_factory=EvalSpec)
     trainer: dict[str, Any] = Field(default_factory=dict)
     # What --smoke changed, for the log and the run's provenance (not part of the recipe itself).
@@ -109,10 +132,21 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _algorithm_sections(self) -> Recipe:
-        if self.algorithm == "grpo" and not self.rewards:
+        algo = self.algorithm
+        if algo == "grpo" and not self.rewards:
             raise ValueError("a grpo recipe needs at least one entry in `rewards:`")
-        if self.algorithm == "sft" and self.rewards:
-            raise ValueError("`rewards:` is only used by grpo recipes; remove it from this sft recipe")
+        if algo == "ppo" and bool(self.rewards) == bool(self.reward_model):
+            raise ValueError("a ppo recipe needs exactly one reward source: `rewards:` (rule rewards) "
+                             "or `reward_model:` (a reward run directory or Hub id)")
+        if algo == "dpo" and self.pairs is not None and not self.rewards:
+            raise ValueError("`pairs:` scores samples with `rewards:`; add at least one reward")
+        if algo not in _REWARD_FUNCTION_ALGORITHMS and self.rewards:
+            raise ValueError(f"`rewards:` is not used by {algo} recipes; remove it")
+        for key in ("reward_model", "value_model"):
+            if algo != "ppo" and getattr(self, key) is not None:
+                raise ValueError(f"`{key}:` is only used by ppo recipes; remove it")
+        if algo != "dpo" and self.pairs is not None:
+            raise ValueError("`pairs:` is only used by dpo recipes (`rlkit pairs`); remove it")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +225,7 @@ def load_recipe(
     recipe = validate(data, source=str(path))
     from rlkit.backends import import_unsloth_first
 
-    import_unsloth_first(recipe.model.backend)
+    import_unsloth_first(backend_request(recipe))
     if validate_trainer:
         trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(path))
     recipe._smoke_changes = smoke_changes
@@ -208,7 +242,7 @@ def validate(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
 
     if recipe.data.task not in TASKS:
         raise UserError(f"{source}: data.task: unknown task {recipe.data.task!r}{_suggest(recipe.data.task, TASKS)}")
-    if recipe.algorithm == "grpo":
+    if recipe.algorithm in _REWARD_FUNCTION_ALGORITHMS:
         from rlkit.rewards import resolve_reward
 
         for i, spec in enumerate(recipe.rewards):
@@ -273,13 +307,36 @@ def _suggest(word: str, choices: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # The trainer block -> TRL config
 
-CONFIG_CLASSES = {"sft": "SFTConfig", "grpo": "GRPOConfig"}
+CONFIG_CLASSES = {
+    "sft": "trl:SFTConfig",
+    "dpo": "trl:DPOConfig",
+    "reward": "trl:RewardConfig",
+    "ppo": "trl.experimental.ppo:PPOConfig",  # experimental in TRL 1.12, removed in 1.13 (hence the pin)
+    "grpo": "trl:GRPOConfig",
+}
 
 
 def config_class(algorithm: str) -> type:
-    import trl
+    import importlib
+    import os
 
-    return getattr(trl, CONFIG_CLASSES[algorithm])
+    module, _, name = CONFIG_CLASSES[algorithm].partition(":")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rlkit pins TRL; the warning says nothing new
+    return getattr(importlib.import_module(module), name)
+
+
+def backend_request(recipe: Recipe) -> str:
+    """The backend to ask for: the recipe's, except that reward and PPO runs always use hf.
+
+    Unsloth patches SFT, DPO and GRPO; TRL's RewardTrainer and experimental PPOTrainer take plain
+    transformers models (sequence-classification heads for reward and value), so ``auto`` means hf.
+    """
+    if recipe.algorithm in ("reward", "ppo"):
+        if recipe.model.backend == "unsloth":
+            raise UserError(f"model.backend: unsloth does not support {recipe.algorithm} training; "
+                            "use `backend: hf` or `auto`")
+        return "hf"
+    return recipe.model.backend
 
 
 def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>") -> Any:

@@ -29,6 +29,10 @@ _TRAINER = {
 _GRPO = {"use_vllm": False, "num_generations": 4, "max_completion_length": 24, "steps_per_generation": None,
          "generation_batch_size": None, "log_completions": False}
 _SFT = {"max_length": 256, "packing": False}
+_PAIRWISE = {"max_length": 256}  # dpo and reward
+_PPO = {"total_episodes": 8, "response_length": 24, "num_ppo_epochs": 1, "num_mini_batches": 1,
+        "local_rollout_forward_batch_size": 4, "num_sample_generations": 0, "per_device_eval_batch_size": 4}
+_ALGORITHM = {"grpo": _GRPO, "sft": _SFT, "dpo": _PAIRWISE, "reward": _PAIRWISE, "ppo": _PPO}
 _CPU_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 
 
@@ -58,6 +62,15 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         put(data["lora"], "alpha", 16, "lora.alpha")
     if data.get("init_from"):
         put(data, "init_from", None, "init_from")
+    # A reward model becomes the tiny model with a new (random) score head; the value model its default.
+    if data.get("reward_model"):
+        put(data, "reward_model", TINY_MODEL, "reward_model")
+    if data.get("value_model"):
+        put(data, "value_model", None, "value_model")
+    if isinstance(data.get("pairs"), dict):
+        put(data["pairs"], "prompts", {"synthetic": 4, "seed": 2}, "pairs.prompts")
+        put(data["pairs"], "samples", 4, "pairs.samples")
+        put(data["pairs"], "max_new_tokens", 24, "pairs.max_new_tokens")
     task_data = data.setdefault("data", {})
     put(task_data, "train", {"synthetic": 32, "seed": 0}, "data.train")
     put(task_data, "eval", {"synthetic": 8, "seed": 1}, "data.eval")
@@ -65,7 +78,7 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
     trainer = data.setdefault("trainer", {})
     algorithm = data.get("algorithm")
-    wanted = {**_TRAINER, **(_GRPO if algorithm == "grpo" else _SFT if algorithm == "sft" else {})}
+    wanted = {**_TRAINER, **_ALGORITHM.get(algorithm, {})}
     for key, value in wanted.items():
         put(trainer, key, value, f"trainer.{key}")
     if trainer.get("optim", "adamw_torch") not in _CPU_OPTIMIZERS:

@@ -27,12 +27,12 @@ def train(
 ) -> Path:
     """Train one recipe; returns the run directory (adapter in ``RUN/adapter``)."""
     from rlkit import backends, runs
-    from rlkit.recipe import cuda_available, load_recipe, trainer_config
+    from rlkit.recipe import backend_request, cuda_available, load_recipe, trainer_config
 
     recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
     for change in recipe.smoke_changes:
         log.info("smoke: %s", change)
-    backend = backends.choose(recipe.model.backend)  # before trl is imported (Unsloth's rule)
+    backend = backends.choose(backend_request(recipe))  # before trl is imported (Unsloth's rule)
     trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path))
     _check_machine(recipe, trainer_cfg, backend, cuda_available())
 
@@ -62,6 +62,9 @@ def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str) -> 
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
     trainer.train()
     trainer.save_model(str(run_dir / "adapter"))
+    # Continuing from init_from with a KL reference, TRL keeps a frozen copy of the starting adapter
+    # named "ref", and PEFT saves every adapter: the run's adapter is the trained one alone.
+    shutil.rmtree(run_dir / "adapter" / "ref", ignore_errors=True)
     tokenizer.save_pretrained(str(run_dir / "adapter"))
     log.info("done in %.1fs: adapter in %s", time.time() - started, run_dir / "adapter")
     return run_dir
@@ -69,30 +72,28 @@ def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str) -> 
 
 def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: str = "<recipe>"):
     """Everything up to ``trainer.train()``: data, TRL config, model, trainer; writes the provenance."""
-    from rlkit import backends, runs
-    from rlkit.data import get_task, load_rows
+    from rlkit import backends, handoff, runs
     from rlkit.recipe import trainer_config
     from rlkit.tiny import resolve_model_id
     from rlkit.trainers import builder
 
     algo = builder(recipe.algorithm)
-    task = get_task(recipe.data.task)
-    rows = load_rows(recipe.data.task, recipe.data.train)
-    train_ds = algo.dataset(task, rows, recipe.model.chat_template_kwargs)
+    started_from = handoff.check(recipe, head=algo.HEAD) if recipe.init_from else None
+    train_ds = algo.dataset(recipe)
     args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source)
     model, tokenizer, peft_config, backend = backends.load(
-        recipe, use_vllm=bool(getattr(args, "use_vllm", False)), seed=args.seed)
+        recipe, use_vllm=bool(getattr(args, "use_vllm", False)), seed=args.seed, head=algo.HEAD)
     provenance = {
         "source": source,
         "smoke": smoke,
         "smoke_changes": recipe.smoke_changes,
         "backend": backend,
         "model_loaded": resolve_model_id(recipe.model.name_or_path),
-        "init_from": str(Path(recipe.init_from).resolve()) if recipe.init_from else None,
+        "init_from": started_from,
     }
     runs.write_resolved(run_dir, recipe.to_dict(), provenance)
     trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args, [runs.metrics_callback(run_dir)])
-    _require_trainable(trainer.model)
+    _require_trainable(getattr(trainer.model, "policy", trainer.model))  # PPO wraps policy + value model
     return trainer, tokenizer
 
 

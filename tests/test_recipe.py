@@ -51,7 +51,7 @@ def test_good_recipe_builds_trl_config(tmp_path):
         (("num_generations: 4", "num_generations: 3"), "GRPOConfig rejected the settings: generation_batch_size (4)"),
         (("learning_rate: 5e-6", "output_dir: /x"), "trainer.output_dir: set by rlkit; use `rlkit train --output-dir DIR`"),
         (("rewards: [{name: gsm8k_correct}]", "rewards: []"), "a grpo recipe needs at least one entry in `rewards:`"),
-        (("name: t", "name: t\nalgorithm: ppo_plus"), "algorithm: Input should be 'sft' or 'grpo'"),
+        (("name: t", "name: t\nalgorithm: ppo_plus"), "algorithm: Input should be 'sft', 'dpo', 'reward', 'ppo' or 'grpo'"),
     ],
 )
 def test_recipe_errors_name_the_key_and_the_fix(tmp_path, edit, expected):

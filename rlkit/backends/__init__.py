@@ -56,13 +56,17 @@ def import_unsloth_first(requested: str) -> None:
         choose(requested)
 
 
-def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0) -> tuple[Any, Any, Any, str]:
+def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0, head: str = "causal") -> tuple[Any, Any, Any, str]:
     """Load the recipe's model for training: ``(model, tokenizer, peft_config_or_None, backend)``.
 
     On hf the LoRA is added by TRL from ``peft_config``; on Unsloth the model comes back already
-    wrapped (Unsloth's own ``get_peft_model``), so ``peft_config`` is None.
+    wrapped (Unsloth's own ``get_peft_model``), so ``peft_config`` is None. With ``init_from`` the
+    saved adapter comes back loaded and trainable (after :func:`rlkit.handoff.check` has compared it
+    with the recipe), and ``peft_config`` is None.
     """
-    backend = choose(recipe.model.backend)
+    from rlkit.recipe import backend_request
+
+    backend = choose(backend_request(recipe))
     if backend == "unsloth":
         from rlkit.backends import unsloth
 
@@ -71,7 +75,7 @@ def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0) -> tuple[Any, An
         return model, tokenizer, None, backend
     from rlkit.backends import hf
 
-    model, tokenizer = hf.load(recipe.model)
+    model, tokenizer = hf.load(recipe.model, head=head)
     if recipe.init_from:
         return hf.attach_adapter(model, recipe.init_from, trainable=True), tokenizer, None, backend
-    return model, tokenizer, hf.lora_config(recipe.lora), backend
+    return model, tokenizer, hf.lora_config(recipe.lora, head=head), backend

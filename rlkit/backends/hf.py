@@ -27,14 +27,18 @@ def torch_dtype(name: str):
     return getattr(torch, _DTYPES[name])
 
 
-def load(spec: Any):
-    """Base model and tokenizer for ``spec`` (a ``ModelSpec``)."""
+def load(spec: Any, *, head: str = "causal", name: str | None = None):
+    """Base model and tokenizer for ``spec`` (a ``ModelSpec``).
+
+    ``head="score"`` loads a one-label sequence-classification model (reward and value models) from
+    the same checkpoint; its score head is new. ``name`` loads another checkpoint the same way.
+    """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from rlkit.tiny import resolve_model_id
 
-    name = resolve_model_id(spec.name_or_path)
+    name = resolve_model_id(name or spec.name_or_path)
     dtype = torch_dtype(spec.dtype)
     kwargs: dict[str, Any] = {"dtype": dtype}
     if spec.attn_implementation:
@@ -43,10 +47,17 @@ def load(spec: Any):
         kwargs["quantization_config"] = quantization_config(dtype)
         if torch.cuda.is_available():
             kwargs["device_map"] = {"": torch.cuda.current_device()}
-    model = _from_pretrained(AutoModelForCausalLM, name, **kwargs)
+    if head == "score":
+        kwargs["num_labels"] = 1
+    auto_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
+    model = _from_pretrained(auto_class, name, **kwargs)
     if spec.load_in_4bit and not torch.cuda.is_available():
         _disable_cpu_bf16_packing(model)
-    return model, load_tokenizer(name)
+    tokenizer = load_tokenizer(name)
+    if head == "score":
+        # The score is read at the last non-pad token, which needs the pad id in the config.
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
 
 
 def load_tokenizer(name: str):
@@ -74,14 +85,18 @@ def _disable_cpu_bf16_packing(model: Any) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def lora_config(spec: Any):
+def lora_config(spec: Any, *, head: str = "causal"):
+    """The recipe's LoRA; on a score head (reward/value model) the new head is trained in full too."""
     if spec is None:
         return None
     from peft import LoraConfig
 
+    modules_to_save = list(spec.modules_to_save or [])
+    if head == "score" and "score" not in modules_to_save:
+        modules_to_save.append("score")
     return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                      target_modules=spec.target_modules, modules_to_save=spec.modules_to_save,
-                      bias="none", task_type="CAUSAL_LM")
+                      target_modules=spec.target_modules, modules_to_save=modules_to_save or None,
+                      bias="none", task_type="SEQ_CLS" if head == "score" else "CAUSAL_LM")
 
 
 def adapter_dir(path: str | Path) -> Path:

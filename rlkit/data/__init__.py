@@ -19,6 +19,8 @@ from rlkit.errors import UserError
 TASKS = {
     "gsm8k": "rlkit.data.gsm8k",
     "sft": "rlkit.data.sft",
+    "preference": "rlkit.data.preference",
+    "hh_rlhf": "rlkit.data.hh_rlhf",
 }
 
 
@@ -41,8 +43,35 @@ def load_rows(task_name: str, source: Any):
         ds = task.generate(source.synthetic, seed=source.seed, **source.generator)
     else:
         ds = task.load(source)
+    return _limited(ds, source)
+
+
+def _limited(ds, source: Any):
     if source.limit is not None and len(ds) > source.limit:
         ds = ds.select(range(source.limit))
     if len(ds) == 0:
         raise UserError(f"{source.path or 'synthetic'}: the dataset is empty")
     return ds
+
+
+def load_preference_rows(task_name: str, source: Any):
+    """Pairs for dpo/reward: a pairs file (``prompt``/``chosen``/``rejected``, any task), the task's own
+    preference format, or the task's generator turned into pairs."""
+    task = get_task(task_name)
+    if not hasattr(task, "preference_rows"):
+        raise UserError(f"task {task_name!r} has no preference pairs; use `task: preference` (prompt/chosen/"
+                        "rejected files) or `task: hh_rlhf`")
+    if source.synthetic is not None or task_name != "gsm8k":
+        return task.preference_rows(load_rows(task_name, source))
+    # A GSM8K dpo recipe trains on pairs sampled from the model (`rlkit pairs`), not on GSM8K rows.
+    from rlkit.data import preference
+
+    return _limited(preference.load(source), source)
+
+
+def load_prompt_rows(task_name: str, source: Any):
+    """Prompts (and gold answers, where the task has them) for on-policy sampling: PPO, ``rlkit pairs``."""
+    task = get_task(task_name)
+    if not hasattr(task, "prompt_rows"):
+        raise UserError(f"task {task_name!r} has no prompts to sample from")
+    return task.prompt_rows(load_rows(task_name, source))

@@ -59,6 +59,32 @@ def grpo_rows(ds):
 
 
 eval_rows = grpo_rows
+prompt_rows = grpo_rows  # PPO and `rlkit pairs` sample from these prompts and score against `answer`
+
+
+def preference_rows(ds):
+    """Pairs from GSM8K rows: the reference solution (chosen) vs the same steps with a wrong final answer.
+
+    Real GSM8K DPO trains on pairs the model sampled itself (``rlkit pairs``); these exist so a dpo
+    recipe has generated data for ``--smoke``.
+    """
+    from rlkit.data.preference import normalize
+
+    def pair(row: dict[str, Any]) -> dict[str, Any]:
+        right = solution_text(row["answer"])
+        head, _, number = right.rpartition("####")
+        wrong = f"{head}#### {_off_by_one(number.strip())}"
+        return {"prompt": prompt(row["question"]), "chosen": [{"role": "assistant", "content": right}],
+                "rejected": [{"role": "assistant", "content": wrong}]}
+
+    return normalize(ds.map(pair, remove_columns=ds.column_names), "gsm8k pairs")
+
+
+def _off_by_one(number: str) -> str:
+    try:
+        return str(int(number.replace(",", "")) + 1)
+    except ValueError:
+        return number + "1"
 
 
 def score(completions: list[str], rows) -> list[float]:

@@ -79,3 +79,26 @@ class _WithArgs:
 
     def __repr__(self) -> str:
         return f"{self.__name__}(**{self.args!r})"
+
+
+class RewardSet:
+    """A recipe's weighted rewards, called TRL's way; for the places rlkit scores text itself
+    (PPO's rule-reward model, ``rlkit pairs``). ``None`` and non-finite values count as 0."""
+
+    def __init__(self, specs: list) -> None:
+        self.names = [spec.name.rpartition(":")[2] for spec in specs]
+        self.weights = [spec.weight for spec in specs]
+        self.funcs = [resolve_reward(spec.name, spec.args) for spec in specs]
+
+    def __call__(self, prompts: list, completions: list, **columns) -> tuple[list[float], dict[str, list[float]]]:
+        """(weighted total per completion, {reward name: values})."""
+        import math
+
+        total = [0.0] * len(completions)
+        per_reward: dict[str, list[float]] = {}
+        for name, func, weight in zip(self.names, self.funcs, self.weights, strict=True):
+            raw = func(prompts=prompts, completions=completions, **columns)
+            values = [float(v) if v is not None and math.isfinite(v) else 0.0 for v in raw]
+            per_reward[name] = values
+            total = [t + weight * v for t, v in zip(total, values, strict=True)]
+        return total, per_reward

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+HEAD = "causal"
 
-def dataset(task: Any, rows: Any, chat_template_kwargs: dict[str, Any]):
-    return task.grpo_rows(rows)
+
+def dataset(recipe: Any):
+    from rlkit.data import get_task, load_rows
+
+    return get_task(recipe.data.task).grpo_rows(load_rows(recipe.data.task, recipe.data.train))
 
 
 def rlkit_fields(recipe: Any) -> dict[str, Any]:

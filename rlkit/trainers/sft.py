@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+HEAD = "causal"
 
-def dataset(task: Any, rows: Any, chat_template_kwargs: dict[str, Any]):
-    ds = task.sft_rows(rows)
-    if chat_template_kwargs:
-        # SFTTrainer reads per-row template kwargs from this column.
-        ds = ds.map(lambda _: {"chat_template_kwargs": chat_template_kwargs})
-    return ds
+
+def dataset(recipe: Any):
+    from rlkit.data import get_task, load_rows
+    from rlkit.trainers import with_template_kwargs
+
+    rows = load_rows(recipe.data.task, recipe.data.train)
+    return with_template_kwargs(get_task(recipe.data.task).sft_rows(rows), recipe.model.chat_template_kwargs)
 
 
 def rlkit_fields(recipe: Any) -> dict[str, Any]:
