@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError

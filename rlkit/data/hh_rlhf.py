@@ -31,9 +31,10 @@ def transcript(text: str) -> list[dict[str, str]] | None:
     parts = _TURN.split("\n\n" + text.lstrip("\n") if not text.startswith("\n\n") else text)
     if parts[0].strip():
         return None
-    messages = [{"role": _ROLES[who], "content": said.strip()} for who, said in zip(parts[1::2], parts[2::2])]
+    turns = zip(parts[1::2], parts[2::2], strict=True)
+    messages = [{"role": _ROLES[who], "content": said.strip()} for who, said in turns]
     roles = [m["role"] for m in messages]
-    alternating = all(a != b for a, b in zip(roles, roles[1:]))
+    alternating = all(a != b for a, b in zip(roles, roles[1:], strict=False))
     if not messages or roles[0] != "user" or roles[-1] != "assistant" or not alternating:
         return None
     return messages
@@ -51,7 +52,7 @@ def preference_rows(ds):
 
     def parse(batch: dict[str, list]) -> dict[str, list]:
         out: dict[str, list] = {"chosen": [], "rejected": []}
-        for chosen, rejected in zip(batch["chosen"], batch["rejected"]):
+        for chosen, rejected in zip(batch["chosen"], batch["rejected"], strict=True):
             c, r = transcript(chosen), transcript(rejected)
             if c and r and c[:-1] == r[:-1] and c[-1] != r[-1]:
                 out["chosen"].append(c)

@@ -172,17 +172,18 @@ class RuleRewardModel(torch.nn.Module):
         return SimpleNamespace(hidden_states=(hidden,))
 
     def rewards(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
-        found = [self._split(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention_mask)]
+        found = [self._split(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention_mask, strict=True)]
         rows = [self.rows[i] for i, _ in found]
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for _, ids in found]
         prompts = [row["prompt"] for row in rows]
         completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t
-                       for p, t in zip(prompts, texts)]
+                       for p, t in zip(prompts, texts, strict=True)]
         columns = {k: [row[k] for row in rows] for k in self.rows.column_names if k != "prompt"}
         total, per_reward = self.reward_set(prompts, completions, completion_ids=[ids for _, ids in found], **columns)
         for name, values in per_reward.items():
             self._pending[name].extend(values)
-        self.history.append({"completions": texts, "rewards": per_reward, "scores": total})
+        self.history.append({"rows": [i for i, _ in found], "completions": texts, "rewards": per_reward,
+                             "scores": total})
         return total
 
     def _split(self, ids: list[int]) -> tuple[int, list[int]]:
