@@ -41,6 +41,8 @@ def evaluate(
         recipe = load_recipe(target, overrides, smoke=smoke, validate_trainer=False)
     if recipe.data.eval is None:
         raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
+    if recipe.algorithm == "reward":
+        return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
     task = get_task(recipe.data.task)
     if not hasattr(task, "score"):
         raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
@@ -64,6 +66,60 @@ def evaluate(
     results = {
         "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
         "accuracy": sum(scores) / len(scores), "seconds": round(elapsed, 2), "examples": examples,
+    }
+    path = Path(out) if out else _default_out(recipe.name, run_dir, label)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    results["path"] = str(path)
+    return results
+
+
+def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, *, limit: int | None,
+                          out: str | Path | None, show_progress: bool = True) -> dict[str, Any]:
+    """Pairwise accuracy of a reward model: the share of eval pairs where chosen outscores rejected."""
+    import torch
+    from rich.progress import Progress
+
+    from rlkit.data import load_preference_rows
+    from rlkit.trainers.reward import load_score_model
+
+    target = model or run_dir
+    if target is None:
+        raise UserError("a reward recipe's base model has an untrained score head; evaluate a reward run directory "
+                        "(rlkit eval RUN_DIR) or pass --model")
+    source = recipe.data.eval.model_copy(update={"limit": limit}) if limit else recipe.data.eval
+    rows = load_preference_rows(recipe.data.task, source)
+    scorer, tokenizer = load_score_model(recipe, target)
+    scorer.eval()
+    kwargs = recipe.model.chat_template_kwargs
+
+    def text(prompt: Any, answer: Any) -> str:
+        if isinstance(prompt, list):
+            return tokenizer.apply_chat_template(prompt + answer, tokenize=False, **kwargs)
+        return prompt + answer
+
+    started = time.time()
+    scores: dict[str, list[float]] = {"chosen": [], "rejected": []}
+    size = recipe.eval.batch_size
+    with Progress(disable=not show_progress, transient=True) as progress, torch.inference_mode():
+        bar = progress.add_task("scoring pairs", total=len(rows))
+        for i in range(0, len(rows), size):
+            batch = rows.select(range(i, min(i + size, len(rows))))
+            for side in scores:
+                texts = [text(p, a) for p, a in zip(batch["prompt"], batch[side], strict=True)]
+                enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                                max_length=recipe.model.max_seq_length, add_special_tokens=False)
+                scores[side].extend(scorer(**enc.to(scorer.device)).logits[:, 0].float().tolist())
+            progress.advance(bar, len(batch))
+    wins = [c > r for c, r in zip(scores["chosen"], scores["rejected"], strict=True)]
+    margins = [c - r for c, r in zip(scores["chosen"], scores["rejected"], strict=True)]
+    label = str(target)
+    results = {
+        "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(wins), "metric": "pairwise accuracy",
+        "accuracy": sum(wins) / len(wins), "mean_margin": sum(margins) / len(margins),
+        "seconds": round(time.time() - started, 2),
+        "examples": [{"chosen_score": c, "rejected_score": r, "correct": w}
+                     for c, r, w in zip(scores["chosen"], scores["rejected"], wins, strict=True)],
     }
     path = Path(out) if out else _default_out(recipe.name, run_dir, label)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -155,3 +155,28 @@ def test_ppo_needs_exactly_one_reward_source(tmp_path):
         load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["reward_model=x"], smoke=True)
     with pytest.raises(UserError, match="unsloth does not support ppo"):
         ppo_recipe("model.backend=unsloth")
+
+
+def test_reward_run_evaluates_as_pairwise_accuracy(reward_run, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlkit.data import load_preference_rows
+    from rlkit.evaluate import evaluate
+    from rlkit.recipe import DataSource
+    from rlkit.tiny import resolve_model_id
+
+    results = evaluate(reward_run, out=tmp_path / "rm.json", show_progress=False)
+    examples = results["examples"]
+    assert results["metric"] == "pairwise accuracy" and results["n"] == 8 == len(examples)
+    assert results["accuracy"] == sum(e["chosen_score"] > e["rejected_score"] for e in examples) / 8
+    # The first pair scored independently: plain transformers + PEFT on the same text.
+    tokenizer = AutoTokenizer.from_pretrained(reward_run / "adapter")
+    base = AutoModelForSequenceClassification.from_pretrained(resolve_model_id("rlkit/tiny-qwen3"), num_labels=1)
+    base.config.pad_token_id = tokenizer.pad_token_id
+    model = PeftModel.from_pretrained(base, reward_run / "adapter").eval()
+    pair = load_preference_rows("hh_rlhf", DataSource(synthetic=8, seed=1))[0]
+    text = tokenizer.apply_chat_template(pair["prompt"] + pair["chosen"], tokenize=False, enable_thinking=False)
+    with torch.inference_mode():
+        score = model(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0].item()
+    assert examples[0]["chosen_score"] == pytest.approx(score, abs=1e-4)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import logging
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,6 +46,8 @@ def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: A
           callbacks: list):
     from trl.experimental.ppo import PPOTrainer
 
+    from rlkit.trainers.reward import load_score_model
+
     if recipe.init_from:
         from rlkit.backends.hf import adapter_dir
 
@@ -58,7 +59,7 @@ def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: A
     prompts = tokenize_prompts(train_ds, tokenizer, kwargs)
     eval_rows = _eval_prompts(recipe, tokenizer, kwargs) or prompts.select(range(min(len(prompts), 8)))
     if recipe.reward_model:
-        reward_model = load_score_model(recipe, recipe.reward_model, tokenizer, trainable=False)
+        reward_model, _ = load_score_model(recipe, recipe.reward_model, tokenizer, trainable=False)
         extra_callbacks = []
     else:
         reward_model = RuleRewardModel(recipe, tokenizer, train_ds, prompts)
@@ -95,42 +96,14 @@ def _eval_prompts(recipe: Any, tokenizer: Any, kwargs: dict[str, Any]):
 # Reward and value models
 
 
-def load_score_model(recipe: Any, ref: str, tokenizer: Any, *, trainable: bool):
-    """A one-label sequence-classification model: a reward run (base + adapter) or a Hub/local model.
-
-    It reads the policy's token ids, so its tokenizer must be the policy's.
-    """
-    from rlkit import runs
-    from rlkit.backends import hf
-    from rlkit.errors import UserError
-
-    path = Path(ref)
-    if runs.is_run_dir(path) or (path / "adapter_config.json").is_file():
-        directory = hf.adapter_dir(path)
-        run_dir = directory.parent if runs.is_run_dir(directory.parent) else None
-        spec = recipe.model
-        if run_dir is not None:
-            trained = runs.read_resolved(run_dir)
-            if trained.get("algorithm") != "reward":
-                raise UserError(f"{ref}: a {trained.get('algorithm')} run, not a reward model "
-                                "(train one with an `algorithm: reward` recipe)")
-            spec = spec.model_copy(update={k: trained["model"][k] for k in ("name_or_path", "load_in_4bit")})
-        base, score_tokenizer = hf.load(spec, head="score")
-        model = hf.attach_adapter(base, directory, trainable=trainable).get_base_model()
-    else:
-        model, score_tokenizer = hf.load(recipe.model, head="score", name=ref)
-        model.requires_grad_(trainable)
-    if score_tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise UserError(f"{ref}: its tokenizer differs from the policy's ({recipe.model.name_or_path}); PPO feeds "
-                        "the policy's token ids to the reward and value models, so they must share a tokenizer")
-    return model
-
 
 def _value_model(recipe: Any, tokenizer: Any):
     from rlkit.backends import hf
 
     if recipe.value_model:
-        return load_score_model(recipe, recipe.value_model, tokenizer, trainable=True)
+        from rlkit.trainers.reward import load_score_model
+
+        return load_score_model(recipe, recipe.value_model, tokenizer, trainable=True)[0]
     model, _ = hf.load(recipe.model, head="score")
     if recipe.lora is None:
         return model
