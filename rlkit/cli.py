@@ -15,7 +15,7 @@ import typer
 
 from rlkit.errors import UserError
 
-app = typer.Typer(help="Post-train language models with SFT and GRPO from one YAML recipe.",
+app = typer.Typer(help="Post-train language models with SFT, DPO, reward models, PPO and GRPO from one YAML recipe.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
 app.add_typer(recipes_app, name="recipes")
@@ -55,6 +55,26 @@ def eval_(
     print_eval(results)
 
 
+@app.command()
+def merge(
+    source: Path = typer.Argument(..., help="A run directory or an adapter directory."),
+    out: Path = typer.Option(..., "--out", help="Directory for the merged model (written whole or not at all)."),
+    base: str = typer.Option("dequantized", "--base",
+                             help="dequantized: faithful for QLoRA (nf4 base as trained, dequantized); "
+                                  "original: the unquantized weights."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Saved weights: bfloat16, float16 or float32."),
+    base_model: str = typer.Option(None, "--base-model",
+                                   help="Base model id/path; must be the one the adapter was trained on."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out directory."),
+) -> None:
+    """Merge a LoRA adapter into its base, save a plain transformers model, verify it against the adapter."""
+    from rlkit.merge import merge as run_merge
+    from rlkit.merge import print_merge_report
+
+    report = run_merge(source, out, base=base, dtype=dtype, base_model=base_model, overwrite=overwrite)
+    print_merge_report(report)
+
+
 def print_eval(results: dict) -> None:
     from rich.table import Table
 
@@ -65,6 +85,34 @@ def print_eval(results: dict) -> None:
     console = _console()
     console.print(table)
     console.print(f"per-example predictions: {results['path']}")
+
+
+@app.command()
+def pairs(
+    recipe: Path = typer.Argument(..., help="A dpo recipe with a `pairs:` section."),
+    model: str = typer.Option(..., "--model", help="Run dir, adapter dir, merged model dir or base model id."),
+    out: Path = typer.Option(..., "--out", help="Pairs JSONL to write (prompt/chosen/rejected)."),
+    samples: int = typer.Option(None, "--samples", min=2, help="Completions per prompt (default: pairs.samples)."),
+    min_gap: float = typer.Option(None, "--min-gap", min=0, help="Keep pairs whose reward gap exceeds this."),
+    limit: int = typer.Option(None, "--limit", min=1, help="Use the first N prompts."),
+    smoke: bool = SmokeOpt,
+    set_: list[str] = SetOpt,
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
+) -> None:
+    """Sample K completions per prompt, score them with the recipe's rewards, keep (best, worst) pairs."""
+    from rich.table import Table
+
+    from rlkit.pairs import build_pairs
+
+    summary = build_pairs(recipe, model, out, samples=samples, min_gap=min_gap, limit=limit, smoke=smoke,
+                          overrides=set_ or [], overwrite=overwrite)
+    table = Table(title=f"pairs: {summary['recipe']} ({summary['model']})", show_header=False)
+    for key in ("prompts", "samples", "pairs", "tied_prompts", "mean_reward", "seconds"):
+        value = summary[key]
+        table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
+    console = _console()
+    console.print(table)
+    console.print(f"pairs written to {summary['out']}")
 
 
 @app.command()

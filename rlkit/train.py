@@ -81,6 +81,11 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     started_from = handoff.check(recipe, head=algo.HEAD) if recipe.init_from else None
     train_ds = algo.dataset(recipe)
     args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source)
+    # TRL wraps the model in its LoRA inside the trainer's __init__, before transformers' Trainer
+    # seeds; seeding here makes the LoRA (and any new score head) initialise the same on every run.
+    from transformers import set_seed
+
+    set_seed(args.seed)
     model, tokenizer, peft_config, backend = backends.load(
         recipe, use_vllm=bool(getattr(args, "use_vllm", False)), seed=args.seed, head=algo.HEAD)
     provenance = {
@@ -89,6 +94,7 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
         "smoke_changes": recipe.smoke_changes,
         "backend": backend,
         "model_loaded": resolve_model_id(recipe.model.name_or_path),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),  # what `dtype: auto` became
         "init_from": started_from,
     }
     runs.write_resolved(run_dir, recipe.to_dict(), provenance)
