@@ -9,19 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkit.trainers.dpo import dataset, rlkit_fields  # noqa: F401  (the same preference pairs as DPO)
+
 HEAD = "score"
-
-
-def dataset(recipe: Any):
-    from rlkit.data import load_preference_rows
-    from rlkit.trainers import with_template_kwargs
-
-    rows = load_preference_rows(recipe.data.task, recipe.data.train)
-    return with_template_kwargs(rows, recipe.model.chat_template_kwargs)
-
-
-def rlkit_fields(recipe: Any) -> dict[str, Any]:
-    return {}
 
 
 def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
