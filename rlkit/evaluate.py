@@ -67,11 +67,7 @@ def evaluate(
         "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
         "accuracy": sum(scores) / len(scores), "seconds": round(elapsed, 2), "examples": examples,
     }
-    path = Path(out) if out else _default_out(recipe.name, run_dir, label)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    results["path"] = str(path)
-    return results
+    return _write(results, Path(out) if out else _default_out(recipe.name, run_dir, label))
 
 
 def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, *, limit: int | None,
@@ -121,7 +117,10 @@ def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, 
         "examples": [{"chosen_score": c, "rejected_score": r, "correct": w}
                      for c, r, w in zip(scores["chosen"], scores["rejected"], wins, strict=True)],
     }
-    path = Path(out) if out else _default_out(recipe.name, run_dir, label)
+    return _write(results, Path(out) if out else _default_out(recipe.name, run_dir, label))
+
+
+def _write(results: dict[str, Any], path: Path) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
     results["path"] = str(path)

@@ -359,11 +359,16 @@ def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>") ->
     kwargs.update(device_defaults(recipe))
     from rlkit.trainers import builder
 
-    kwargs.update(builder(recipe.algorithm).rlkit_fields(recipe))
+    algo = builder(recipe.algorithm)
+    if hasattr(algo, "rlkit_fields"):
+        kwargs.update(algo.rlkit_fields(recipe))
     try:
-        return cls(output_dir=output_dir, **kwargs)
+        config = cls(output_dir=output_dir, **kwargs)
     except (ValueError, TypeError) as e:
         raise UserError(f"{source}: trainer: {cls.__name__} rejected the settings: {str(e).splitlines()[0]}") from None
+    if hasattr(algo, "check_config"):  # what the trainer, not the config class, would reject
+        algo.check_config(config, source)
+    return config
 
 
 def _coerce(cls: type, key: str, value: Any, source: str, adapter: Any) -> Any:

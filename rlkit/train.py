@@ -94,7 +94,7 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
         "smoke_changes": recipe.smoke_changes,
         "backend": backend,
         "model_loaded": resolve_model_id(recipe.model.name_or_path),
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),  # what `dtype: auto` became
+        "dtype": str(model.dtype).removeprefix("torch."),  # what `dtype: auto` became on this machine
         "init_from": started_from,
     }
     runs.write_resolved(run_dir, recipe.to_dict(), provenance)

@@ -54,7 +54,7 @@ def test_rule_reward_model_scores_like_the_rewards_through_trls_get_reward(tmp_p
         row = i % 3  # responses to three different prompts, each with its own gold answer
         gold = scorer.rows[row]["answer"]
         text = template.format(gold=gold, wrong=int(gold) + 1)
-        prompt_ids = scorer.rows and trainer.train_dataset[row]["input_ids"]
+        prompt_ids = trainer.train_dataset[row]["input_ids"]
         response = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         sequences.append((prompt_ids, response))
         assert gsm8k_correct([text], answer=[gold]) == [correct] and answer_format([text]) == [fmt]
@@ -155,6 +155,11 @@ def test_ppo_needs_exactly_one_reward_source(tmp_path):
         load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["reward_model=x"], smoke=True)
     with pytest.raises(UserError, match="unsloth does not support ppo"):
         ppo_recipe("model.backend=unsloth")
+    # Batch arithmetic PPOTrainer would only reject after loading three models is refused at load time.
+    with pytest.raises(UserError, match=r"trainer.num_mini_batches: 3 does not divide .* = 4\)"):
+        load_recipe(PPO, ["trainer.num_mini_batches=3"], smoke=True)
+    with pytest.raises(UserError, match="whiten_rewards needs at least 8 samples per mini-batch, got 4"):
+        load_recipe(PPO, ["trainer.whiten_rewards=true"], smoke=True)
 
 
 def test_reward_run_evaluates_as_pairwise_accuracy(reward_run, tmp_path):

@@ -67,8 +67,8 @@ def test_bad_rows_name_the_row(bad, message):
 
 
 def test_a_bad_row_after_good_ones_is_found(tmp_path):
-    rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}] * 5 + [{"prompt": "p", "chosen": "a", "rejected": ""}]
-    with pytest.raises(UserError, match="row 5: `rejected` is empty"):
+    rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}] * 2500 + [{"prompt": "p", "chosen": "a", "rejected": ""}]
+    with pytest.raises(UserError, match="row 2500: `rejected` is empty"):
         normalize(datasets.Dataset.from_list(rows))
 
 

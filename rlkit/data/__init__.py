@@ -61,12 +61,9 @@ def load_preference_rows(task_name: str, source: Any):
     if not hasattr(task, "preference_rows"):
         raise UserError(f"task {task_name!r} has no preference pairs; use `task: preference` (prompt/chosen/"
                         "rejected files) or `task: hh_rlhf`")
-    if source.synthetic is not None or task_name != "gsm8k":
-        return task.preference_rows(load_rows(task_name, source))
-    # A GSM8K dpo recipe trains on pairs sampled from the model (`rlkit pairs`), not on GSM8K rows.
-    from rlkit.data import preference
-
-    return _limited(preference.load(source), source)
+    if source.synthetic is None and hasattr(task, "load_preference"):
+        return _limited(task.load_preference(source), source)
+    return task.preference_rows(load_rows(task_name, source))
 
 
 def load_prompt_rows(task_name: str, source: Any):

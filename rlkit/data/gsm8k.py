@@ -62,6 +62,13 @@ eval_rows = grpo_rows
 prompt_rows = grpo_rows  # PPO and `rlkit pairs` sample from these prompts and score against `answer`
 
 
+def load_preference(source: Any):
+    """A GSM8K dpo recipe trains on pairs sampled from the model (``rlkit pairs``), not on GSM8K rows."""
+    from rlkit.data.preference import load as load_pairs
+
+    return load_pairs(source)
+
+
 def preference_rows(ds):
     """Pairs from GSM8K rows: the reference solution (chosen) vs the same steps with a wrong final answer.
 

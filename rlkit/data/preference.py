@@ -30,8 +30,12 @@ def normalize(ds, where: str = "data"):
     """Explicit prompts, one format per row (all strings or all messages), only the three columns."""
     from trl.data_utils import maybe_extract_prompt
 
-    for i, row in enumerate(ds.select(range(min(len(ds), 1000)))):
-        _check_row(row, f"{where}: row {i}")
+    columns = [c for c in ("prompt", "chosen", "rejected") if c in ds.column_names]
+    i = 0
+    for batch in ds.select_columns(columns).iter(batch_size=1000):
+        for values in zip(*(batch[c] for c in columns), strict=True):
+            _check_row(dict(zip(columns, values, strict=True)), f"{where}: row {i}")
+            i += 1
     extra = [c for c in ds.column_names if c not in COLUMNS]
     ds = ds.map(maybe_extract_prompt, remove_columns=extra) if "prompt" not in ds.column_names else \
         ds.remove_columns(extra)

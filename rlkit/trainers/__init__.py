@@ -1,8 +1,9 @@
 """One builder per algorithm: recipe + loaded model -> a ready TRL trainer. No training loops here.
 
 Each builder module provides ``HEAD`` (``causal``, or ``score`` for a sequence-classification
-model), ``dataset(recipe)`` (the train split in the form its TRL trainer reads), ``rlkit_fields``
-(TRL config fields rlkit decides from the recipe) and ``build(...)``.
+model), ``dataset(recipe)`` (the train split in the form its TRL trainer reads) and ``build(...)``;
+optionally ``rlkit_fields(recipe)`` (TRL config fields rlkit decides from the recipe) and
+``check_config(config, source)`` (settings the trainer would reject only once the models are loaded).
 """
 
 from __future__ import annotations

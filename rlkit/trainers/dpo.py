@@ -20,10 +20,6 @@ def dataset(recipe: Any):
     return with_template_kwargs(rows, recipe.model.chat_template_kwargs)
 
 
-def rlkit_fields(recipe: Any) -> dict[str, Any]:
-    return {}
-
-
 def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from trl import DPOTrainer

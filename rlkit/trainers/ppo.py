@@ -42,6 +42,19 @@ def rlkit_fields(recipe: Any) -> dict[str, Any]:
     return {}
 
 
+def check_config(args: Any, source: str) -> None:
+    """Batch arithmetic PPOTrainer only checks when it is built (after the models load)."""
+    from rlkit.errors import UserError
+
+    local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if local_batch % args.num_mini_batches:
+        raise UserError(f"{source}: trainer.num_mini_batches: {args.num_mini_batches} does not divide the rollout "
+                        f"batch per device (per_device_train_batch_size x gradient_accumulation_steps = {local_batch})")
+    if args.whiten_rewards and local_batch // args.num_mini_batches < 8:
+        raise UserError(f"{source}: trainer.whiten_rewards needs at least 8 samples per mini-batch, got "
+                        f"{local_batch // args.num_mini_batches}; raise the batch or lower num_mini_batches")
+
+
 def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from trl.experimental.ppo import PPOTrainer

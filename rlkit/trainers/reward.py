@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlkit.trainers.dpo import dataset, rlkit_fields  # noqa: F401  (the same preference pairs as DPO)
+from rlkit.trainers.dpo import dataset  # noqa: F401  (the same preference pairs as DPO)
 
 HEAD = "score"
 

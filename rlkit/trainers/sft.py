@@ -19,10 +19,6 @@ def dataset(recipe: Any):
     return with_template_kwargs(get_task(recipe.data.task).sft_rows(rows), recipe.model.chat_template_kwargs)
 
 
-def rlkit_fields(recipe: Any) -> dict[str, Any]:
-    return {}
-
-
 def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from trl import SFTTrainer
