@@ -32,6 +32,7 @@ RLKIT_OWNED_TRAINER_KEYS = {
     "sft_model_path": "set `model.name_or_path` (and `init_from:` to continue an adapter)",
     "model_adapter_name": "rlkit names the adapters itself when continuing from `init_from:`",
     "ref_adapter_name": "rlkit names the adapters itself when continuing from `init_from:`",
+    "max_tool_calling_iterations": "set `env.max_turns` (it bounds training, rollouts and chat alike)",
 }
 
 
@@ -83,6 +84,8 @@ class DataSpec(Strict):
     task: str
     train: DataSource
     eval: DataSource | None = None
+    # The task's prompt variant (its ``PROMPTS``), e.g. gsm8k `calculator` or multihop_rag `thinking`.
+    prompt: str = "default"
 
 
 class RewardSpec(Strict):
@@ -103,6 +106,39 @@ class PairsSpec(Strict):
     seed: int = 0
 
 
+class RetrievalSpec(Strict):
+    """The corpus a ``search`` tool reads, how it is chunked and indexed (``rlkit index build``)."""
+
+    corpus: str | None = Field(None, description="Hub dataset id (yixuantt/MultiHopRAG) or a local corpus file")
+    synthetic: int | None = Field(None, gt=0, description="generate this many articles instead (smoke runs, tests)")
+    seed: int = 0
+    format: Literal["auto", "multihop_rag", "jsonl", "hotpotqa"] = "auto"
+    chunk_tokens: int = Field(200, gt=0)
+    chunk_overlap: int = Field(0, ge=0)
+    tokenizer: str | None = Field(None, description="tokenizer counting chunk tokens; default: model.name_or_path")
+    method: Literal["bm25", "dense", "hybrid"] = "bm25"
+    dense_model: str = "intfloat/e5-base-v2"
+    rrf_k: int = Field(60, gt=0, description="reciprocal rank fusion constant (hybrid)")
+    top_k: int = Field(3, gt=0, description="passages a search returns")
+    cache_dir: str | None = Field(None, description="default: $RLKIT_CACHE/indexes")
+
+    @model_validator(mode="after")
+    def _check(self) -> RetrievalSpec:
+        if (self.corpus is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of `corpus` (Hub id or local file) or `synthetic` (article count)")
+        if self.chunk_overlap >= self.chunk_tokens:
+            raise ValueError("chunk_overlap must be smaller than chunk_tokens")
+        return self
+
+
+class EnvSpec(Strict):
+    """A tool environment (``rlkit.envs.ENVS``) for GRPO training, rollouts, eval and chat."""
+
+    name: str
+    max_turns: int = Field(6, gt=0, description="tool-calling rounds per episode (TRL max_tool_calling_iterations)")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the environment")
+
+
 class EvalSpec(Strict):
     max_new_tokens: int = Field(512, gt=0)
     batch_size: int = Field(32, gt=0)
@@ -121,6 +157,8 @@ class Recipe(Strict):
     reward_model: str | None = None
     value_model: str | None = None
     pairs: PairsSpec | None = None
+    env: EnvSpec | None = None
+    retrieval: RetrievalSpec | None = None
     eval: EvalSpec = Field(default_factory=EvalSpec)
     trainer: dict[str, Any] = Field(default_factory=dict)
     # What --smoke changed, for the log and the run's provenance (not part of the recipe itself).
@@ -242,6 +280,8 @@ def validate(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
 
     if recipe.data.task not in TASKS:
         raise UserError(f"{source}: data.task: unknown task {recipe.data.task!r}{_suggest(recipe.data.task, TASKS)}")
+    _check_task_prompt(recipe, source)
+    _check_env(recipe, source)
     if recipe.algorithm in _REWARD_FUNCTION_ALGORITHMS:
         from rlkit.rewards import resolve_reward
 
@@ -254,6 +294,37 @@ def validate(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
         if key in recipe.trainer:
             raise UserError(f"{source}: trainer.{key}: set by rlkit; {why}")
     return recipe
+
+
+def _check_task_prompt(recipe: Recipe, source: str) -> None:
+    from rlkit.data import get_task
+
+    prompts = getattr(get_task(recipe.data.task), "PROMPTS", {"default": None})
+    if recipe.data.prompt not in prompts:
+        raise UserError(f"{source}: data.prompt: task {recipe.data.task!r} has no prompt {recipe.data.prompt!r}"
+                        f"{_suggest(recipe.data.prompt, prompts)}; valid: {', '.join(prompts)}")
+
+
+def _check_env(recipe: Recipe, source: str) -> None:
+    if recipe.env is None:
+        if recipe.retrieval is not None:
+            raise UserError(f"{source}: retrieval: is read by a tool environment; add `env: {{name: retrieval}}` "
+                            "or remove it")
+        return
+    from rlkit.envs import ENVS, check_env_args
+
+    if recipe.algorithm not in ("grpo", "sft"):
+        raise UserError(f"{source}: env: tool environments train with grpo (and sft recipes use them for eval); "
+                        f"not {recipe.algorithm}")
+    if recipe.env.name not in ENVS:
+        raise UserError(f"{source}: env.name: unknown environment {recipe.env.name!r}"
+                        f"{_suggest(recipe.env.name, ENVS)}; valid: {', '.join(sorted(ENVS))}")
+    if recipe.env.name == "retrieval" and recipe.retrieval is None:
+        raise UserError(f"{source}: env retrieval needs a `retrieval:` section (corpus, chunking, top_k)")
+    try:
+        check_env_args(recipe.env.name, recipe.env.args)
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
 
 
 def _floats_in(value: Any) -> Any:

@@ -71,6 +71,15 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         put(data["pairs"], "prompts", {"synthetic": 4, "seed": 2}, "pairs.prompts")
         put(data["pairs"], "samples", 4, "pairs.samples")
         put(data["pairs"], "max_new_tokens", 24, "pairs.max_new_tokens")
+    if isinstance(data.get("env"), dict):
+        put(data["env"], "max_turns", 2, "env.max_turns")
+    if isinstance(data.get("retrieval"), dict):  # a generated news corpus, indexed with BM25
+        retrieval = data["retrieval"]
+        put(retrieval, "corpus", None, "retrieval.corpus")
+        put(retrieval, "synthetic", 40, "retrieval.synthetic")
+        put(retrieval, "format", None, "retrieval.format")
+        put(retrieval, "method", "bm25", "retrieval.method")
+        put(retrieval, "tokenizer", None, "retrieval.tokenizer")
     task_data = data.setdefault("data", {})
     put(task_data, "train", {"synthetic": 32, "seed": 0}, "data.train")
     put(task_data, "eval", {"synthetic": 8, "seed": 1}, "data.eval")
@@ -79,6 +88,10 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     trainer = data.setdefault("trainer", {})
     algorithm = data.get("algorithm")
     wanted = {**_TRAINER, **_ALGORITHM.get(algorithm, {})}
+    if algorithm == "grpo" and data.get("env"):
+        wanted["max_completion_length"] = 160  # room for a tool call, its result and an answer
+    if algorithm == "sft" and data.get("env"):
+        wanted["max_length"] = 768  # whole tool trajectories: system prompt, tool schemas, results
     for key, value in wanted.items():
         put(trainer, key, value, f"trainer.{key}")
     if trainer.get("optim", "adamw_torch") not in _CPU_OPTIMIZERS:

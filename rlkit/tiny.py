@@ -190,7 +190,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, size: str = "tiny") 
     return out
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     return Path(os.environ.get("RLKIT_CACHE") or Path.home() / ".cache" / "rlkit")
 
 
@@ -198,7 +198,7 @@ def tiny_model_path(size: str = "tiny") -> Path:
     """The cached build for `size` (seed 0), built on first use; safe when processes race."""
     if size not in SIZES:
         raise ValueError(f"unknown tiny model size {size!r}; valid: {', '.join(SIZES)}")
-    final = _cache_dir() / CACHE_VERSION / size
+    final = cache_dir() / CACHE_VERSION / size
     if final.is_dir():  # only ever created by the atomic rename below, so it is complete
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
