@@ -13,10 +13,12 @@ from collections.abc import Callable
 
 from rlkit.errors import UserError
 from rlkit.rewards.math import answer_format, gsm8k_correct
+from rlkit.rewards.qa import qa_correct
 
 REWARDS: dict[str, Callable[..., list[float]]] = {
     "gsm8k_correct": gsm8k_correct,
-    "answer_format": answer_format,
+    "qa_correct": qa_correct,
+    "answer_format": answer_format,  # args `form: gsm8k` (default) or `form: answer_tag` (QA)
 }
 
 

@@ -5,6 +5,7 @@ rlkit asks for one final-answer format, GSM8K's own: the reply's last line is ``
 is", or just the last number), so a model that has not learned the format yet is still rewarded for
 being right; ``answer_format`` is the separate reward that teaches the format. Text inside
 ``<think>`` blocks never counts, and a tool's output is never read as the model's answer.
+``answer_format(form="answer_tag")`` checks the QA answer form instead (``rlkit.rewards.qa``).
 """
 
 import decimal
@@ -148,12 +149,24 @@ def gsm8k_correct(completions: list, answer: list, **kwargs) -> list[float]:
     ]
 
 
-def answer_format(completions: list, **kwargs) -> list[float]:
-    """1.0 if the visible reply ends with the line ``#### <number>``, 0.5 if that appears elsewhere, else 0.0.
+def answer_format(completions: list, form: str = "gsm8k", score: float | None = None, **kwargs) -> list[float]:
+    """The format reward, for one of two answer forms.
+
+    ``form="gsm8k"``: 1.0 if the visible reply ends with the line ``#### <number>``, 0.5 if that
+    appears elsewhere, else 0.0. ``form="answer_tag"`` (QA): ``score`` (default 0.5) for exactly one
+    non-empty ``<answer>…</answer>`` with nothing after it, else 0.0 (``rlkit.rewards.qa``).
 
     >>> answer_format(["6 * 7 = 42\\n#### 42\\n", "#### 42\\nHope this helps!", "The answer is 42."])
     [1.0, 0.5, 0.0]
     """
+    if form == "answer_tag":
+        from rlkit.rewards.qa import answer_tag_format  # imported here: qa builds on this module
+
+        return answer_tag_format(completions, score=0.5 if score is None else score)
+    if form != "gsm8k":
+        raise ValueError(f"answer_format: unknown form {form!r}; valid: answer_tag, gsm8k")
+    if score is not None:
+        raise ValueError("answer_format: `score` applies to form='answer_tag' only; gsm8k scores 1.0 / 0.5 / 0.0")
     rewards = []
     for completion in completions:
         visible = strip_think(completion_text(completion))
