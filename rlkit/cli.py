@@ -19,6 +19,8 @@ app = typer.Typer(help="Post-train language models with SFT, DPO, reward models,
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
 app.add_typer(recipes_app, name="recipes")
+index_app = typer.Typer(help="Build and evaluate a recipe's retrieval index.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
 
 SetOpt = typer.Option(None, "--set", help="Override a recipe key, e.g. --set trainer.learning_rate=1e-5.")
 SmokeOpt = typer.Option(False, "--smoke", help="Tiny built-in model, generated data, 2 steps, CPU-safe.")
@@ -75,9 +77,131 @@ def merge(
     print_merge_report(report)
 
 
+@app.command()
+def rollout(
+    target: Path = typer.Argument(..., help="An agent recipe (with `env:`) or a run directory."),
+    model: str = typer.Option(None, "--model", help="Merged model dir, base model id, adapter dir or run dir."),
+    endpoint: str = typer.Option(None, "--endpoint", help="OpenAI-compatible base URL, e.g. http://localhost:8000/v1."),
+    api_key: str = typer.Option(None, "--api-key", help="Endpoint API key (default: $OPENAI_API_KEY); never saved."),
+    served_model: str = typer.Option(None, "--served-model", help="Model name served (default: the only one)."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Endpoint requests in flight at once."),
+    backend: str = typer.Option("hf", "--backend", help="Local generation: hf (batched transformers) or vllm (GPU)."),
+    split: str = typer.Option("eval", "--split", help="Which data split to roll out: eval or train."),
+    limit: int = typer.Option(None, "--limit", min=1, help="The first N questions."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0, help="0 = greedy."),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1, help="Per turn (default eval.max_new_tokens)."),
+    tool_timeout: float = typer.Option(30.0, "--tool-timeout", min=0.01, help="Seconds a tool call may take."),
+    out: Path = typer.Option(None, "--out", help="trajectories.jsonl path (default RUN/rollouts/<model>/)."),
+    sft_out: Path = typer.Option(None, "--sft-out", help="Also write the successful trajectories as SFT rows here."),
+    smoke: bool = SmokeOpt,
+    set_: list[str] = SetOpt,
+) -> None:
+    """Run the recipe's tool agent episode by episode; write trajectories.jsonl and summarise it."""
+    from rlkit.analyze import analyze, render
+    from rlkit.rollout import rollout as run_rollout
+
+    if split not in ("eval", "train"):
+        raise UserError(f"--split {split!r}: use eval or train")
+    result = run_rollout(target, model=model, endpoint=endpoint, api_key=api_key, served_model=served_model,
+                         concurrency=concurrency, backend=backend, split=split, limit=limit, out=out, sft_out=sft_out,
+                         temperature=temperature, max_new_tokens=max_new_tokens, tool_timeout=tool_timeout,
+                         smoke=smoke, overrides=set_ or [])
+    console = _console()
+    render(analyze(result["path"]), console)
+    console.print(f"{result['episodes']} episodes, {result['successes']} successful: {result['path']}")
+    if "sft_path" in result:
+        console.print(f"{result['sft_rows']} successful trajectories as SFT rows: {result['sft_path']}")
+
+
+@app.command("analyze")
+def analyze_(
+    trajectories: Path = typer.Argument(..., help="A trajectories.jsonl from `rlkit rollout` or `rlkit eval`."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown tables instead of terminal tables."),
+    out: Path = typer.Option(None, "--out", help="Write the Markdown report to this file."),
+) -> None:
+    """Quality (EM/F1/accuracy per question type), rounds, tool calls and token usage, split by success."""
+    from rlkit.analyze import main as run_analyze
+
+    run_analyze(str(trajectories), markdown=markdown, out=str(out) if out else None)
+
+
+@app.command()
+def chat(
+    target: str = typer.Argument(..., help="A run directory, adapter dir, merged model dir or model id."),
+    env: str = typer.Option(None, "--env", help="Tool environment (default: the run's `env:`), e.g. calculator."),
+    recipe: Path = typer.Option(None, "--recipe", help="Recipe for a bare model (its env, retrieval and prompt)."),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", min=1, help="Per assistant turn."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0, help="0 = greedy."),
+) -> None:
+    """Chat with a model in the terminal; its tool calls and their results show as they happen."""
+    from rlkit.chat import chat as run_chat
+
+    run_chat(target, env=env, recipe_path=recipe, max_new_tokens=max_new_tokens, temperature=temperature)
+
+
+@index_app.command("build")
+def index_build(
+    recipe: Path = typer.Argument(..., help="A recipe with a `retrieval:` section."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Build again even when a cached index exists."),
+    smoke: bool = SmokeOpt,
+    set_: list[str] = SetOpt,
+) -> None:
+    """Chunk and index the recipe's corpus (cached on disk by corpus + settings)."""
+    from rlkit.recipe import load_recipe
+    from rlkit.retrieval import build_retriever
+
+    spec = load_recipe(recipe, set_ or [], smoke=smoke, validate_trainer=False)
+    if spec.retrieval is None:
+        raise UserError(f"{recipe}: no `retrieval:` section to index")
+    retriever = build_retriever(spec.retrieval, model_name=spec.model.name_or_path, rebuild=rebuild)
+    how = f"built in {retriever.build_seconds:.1f}s" if retriever.built else "loaded from cache"
+    _console().print(f"[green]index[/] {len(retriever)} chunks, {how}: {retriever.path}")
+
+
+@index_app.command("eval")
+def index_eval(
+    recipe: Path = typer.Argument(..., help="A recipe with `retrieval:` and queries with gold evidence."),
+    split: str = typer.Option("eval", "--split", help="Which data split's queries: eval or train."),
+    limit: int = typer.Option(None, "--limit", min=1, help="The first N queries."),
+    smoke: bool = SmokeOpt,
+    set_: list[str] = SetOpt,
+) -> None:
+    """Hits@4, Hits@10 and MRR@10 over the queries that have evidence (MultiHop-RAG's hit definition)."""
+    from rich.table import Table
+
+    from rlkit.data import get_task, load_rows
+    from rlkit.recipe import load_recipe
+    from rlkit.retrieval import build_retriever
+    from rlkit.retrieval import evaluate as evaluate_retrieval
+
+    spec = load_recipe(recipe, set_ or [], smoke=smoke, validate_trainer=False)
+    if spec.retrieval is None:
+        raise UserError(f"{recipe}: no `retrieval:` section to evaluate")
+    task = get_task(spec.data.task)
+    if not hasattr(task, "retrieval_queries"):
+        raise UserError(f"{recipe}: task {spec.data.task!r} has no gold evidence to score retrieval against")
+    source = spec.data.eval if split == "eval" and spec.data.eval else spec.data.train
+    if limit:
+        source = source.model_copy(update={"limit": limit})
+    queries = task.retrieval_queries(load_rows(spec.data.task, source))
+    if not queries:
+        raise UserError(f"{recipe}: no queries with evidence in data.{split}")
+    retriever = build_retriever(spec.retrieval, model_name=spec.model.name_or_path)
+    metrics = evaluate_retrieval(retriever, queries)
+    table = Table(title=f"retrieval: {spec.name} ({spec.retrieval.method}, {len(retriever)} chunks)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    _console().print(table)
+
+
 def print_eval(results: dict) -> None:
     from rich.table import Table
 
+    if "by_question_type" in results:  # an agent recipe: EM/F1/accuracy per question type
+        _print_agent_eval(results)
+        return
     table = Table(title=f"eval: {results['recipe']} ({results['task']})")
     for col in ("model", "examples", "accuracy", "seconds"):
         table.add_column(col, justify="left" if col == "model" else "right")
@@ -85,6 +209,19 @@ def print_eval(results: dict) -> None:
     console = _console()
     console.print(table)
     console.print(f"per-example predictions: {results['path']}")
+
+
+def _print_agent_eval(results: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"eval: {results['recipe']} ({results['task']}) — {results['model']}")
+    for col in ("question type", "n", "accuracy", "EM", "F1"):
+        table.add_column(col, justify="left" if col == "question type" else "right")
+    for name, row in results["by_question_type"].items():
+        table.add_row(name, str(row["n"]), f"{row['accuracy']:.3f}", f"{row['em']:.3f}", f"{row['f1']:.3f}")
+    console = _console()
+    console.print(table)
+    console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")
 
 
 @app.command()

@@ -27,27 +27,22 @@ def evaluate(
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...)."""
-    from rlkit import runs
-    from rlkit.data import get_task, load_rows
-    from rlkit.recipe import Recipe, load_recipe, validate
+    from rlkit.data import get_task, load_rows, task_rows
 
-    target = Path(target)
-    run_dir = target if runs.is_run_dir(target) else None
-    if run_dir is not None:
-        resolved = runs.read_resolved(run_dir)
-        resolved.pop("provenance", None)
-        recipe: Recipe = validate(resolved, source=str(run_dir / runs.RESOLVED))
-    else:
-        recipe = load_recipe(target, overrides, smoke=smoke, validate_trainer=False)
+    recipe, run_dir = resolve_target(target, overrides, smoke)
     if recipe.data.eval is None:
         raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
+    if recipe.env is not None:
+        from rlkit.rollout import evaluate_agent
+
+        return evaluate_agent(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
     if recipe.algorithm == "reward":
         return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
     task = get_task(recipe.data.task)
     if not hasattr(task, "score"):
         raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
     source = recipe.data.eval.model_copy(update={"limit": limit}) if limit else recipe.data.eval
-    rows = task.eval_rows(load_rows(recipe.data.task, source))
+    rows = task_rows(recipe, "eval", load_rows(recipe.data.task, source))
 
     lm, tokenizer, label = load_for_eval(recipe, run_dir, model)
     started = time.time()
@@ -68,6 +63,20 @@ def evaluate(
         "accuracy": sum(scores) / len(scores), "seconds": round(elapsed, 2), "examples": examples,
     }
     return _write(results, Path(out) if out else _default_out(recipe.name, run_dir, label))
+
+
+def resolve_target(target: str | Path, overrides: list[str] | None = None,
+                   smoke: bool = False) -> tuple[Any, Path | None]:
+    """(recipe, run directory or None) for a run directory or a recipe file."""
+    from rlkit import runs
+    from rlkit.recipe import load_recipe, validate
+
+    target = Path(target)
+    if runs.is_run_dir(target):
+        resolved = runs.read_resolved(target)
+        resolved.pop("provenance", None)
+        return validate(resolved, source=str(target / runs.RESOLVED)), target
+    return load_recipe(target, overrides, smoke=smoke, validate_trainer=False), None
 
 
 def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, *, limit: int | None,

@@ -21,6 +21,7 @@ TASKS = {
     "sft": "rlkit.data.sft",
     "preference": "rlkit.data.preference",
     "hh_rlhf": "rlkit.data.hh_rlhf",
+    "multihop_rag": "rlkit.data.multihop_rag",
 }
 
 
@@ -52,6 +53,15 @@ def _limited(ds, source: Any):
     if len(ds) == 0:
         raise UserError(f"{source.path or 'synthetic'}: the dataset is empty")
     return ds
+
+
+def task_rows(recipe: Any, kind: str, ds):
+    """The task's ``{kind}_rows`` of ``ds`` (grpo, sft, eval), built with the recipe's prompt variant."""
+    task = get_task(recipe.data.task)
+    build = getattr(task, f"{kind}_rows", None)
+    if build is None:
+        raise UserError(f"task {recipe.data.task!r} has no {kind} rows")
+    return build(ds, prompt=recipe.data.prompt) if hasattr(task, "PROMPTS") else build(ds)
 
 
 def load_preference_rows(task_name: str, source: Any):

@@ -15,6 +15,15 @@ SYSTEM_PROMPT = (
     "You are a careful math tutor. Reason step by step, then give the final answer "
     "on the last line in the form `#### <number>`."
 )
+# Prompt variants (`data.prompt` in a recipe). `calculator` goes with `env: {name: calculator}`.
+PROMPTS = {
+    "default": SYSTEM_PROMPT,
+    "calculator": (
+        "You are a careful math tutor with a `calculate` tool for arithmetic. Reason step by step and call the "
+        "tool for any calculation you are not sure of, then give the final answer on the last line in the form "
+        "`#### <number>`."
+    ),
+}
 _CALC_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
 
@@ -24,8 +33,8 @@ def load(source: Any):
     return load_source(source, required=("question", "answer"))
 
 
-def prompt(question: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question.strip()}]
+def chat_prompt(question: str, variant: str = "default") -> list[dict[str, str]]:
+    return [{"role": "system", "content": PROMPTS[variant]}, {"role": "user", "content": question.strip()}]
 
 
 def solution_text(answer: str) -> str:
@@ -39,21 +48,21 @@ def gold(answer: str) -> str:
     return gold_answer(answer) or ""
 
 
-def sft_rows(ds):
+def sft_rows(ds, prompt: str = "default"):
     """Conversational prompt/completion rows: TRL computes the loss on the completion only."""
     return ds.map(
         lambda row: {
-            "prompt": prompt(row["question"]),
+            "prompt": chat_prompt(row["question"], prompt),
             "completion": [{"role": "assistant", "content": solution_text(row["answer"])}],
         },
         remove_columns=ds.column_names,
     )
 
 
-def grpo_rows(ds):
+def grpo_rows(ds, prompt: str = "default"):
     """Conversational prompts plus the gold number in ``answer`` (passed to the rewards by TRL)."""
     return ds.map(
-        lambda row: {"prompt": prompt(row["question"]), "answer": gold(row["answer"])},
+        lambda row: {"prompt": chat_prompt(row["question"], prompt), "answer": gold(row["answer"])},
         remove_columns=ds.column_names,
     )
 
@@ -81,7 +90,7 @@ def preference_rows(ds):
         right = solution_text(row["answer"])
         head, _, number = right.rpartition("####")
         wrong = f"{head}#### {_off_by_one(number.strip())}"
-        return {"prompt": prompt(row["question"]), "chosen": [{"role": "assistant", "content": right}],
+        return {"prompt": chat_prompt(row["question"]), "chosen": [{"role": "assistant", "content": right}],
                 "rejected": [{"role": "assistant", "content": wrong}]}
 
     return normalize(ds.map(pair, remove_columns=ds.column_names), "gsm8k pairs")
@@ -98,6 +107,16 @@ def score(completions: list[str], rows) -> list[float]:
     from rlkit.rewards.math import gsm8k_correct
 
     return gsm8k_correct(completions, answer=list(rows["answer"]))
+
+
+def episode_metrics(completion: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, float]:
+    """An agent episode's answer metrics (``rlkit rollout``): GSM8K is right or wrong, so EM = accuracy."""
+    correct = score([completion], {"answer": [row["answer"]]})[0]
+    return {"em": correct, "accuracy": correct}
+
+
+def success(metrics: dict[str, float]) -> bool:
+    return metrics.get("accuracy", 0.0) == 1.0
 
 
 # ---------------------------------------------------------------------------------------------

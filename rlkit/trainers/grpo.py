@@ -1,38 +1,76 @@
-"""GRPO through TRL's GRPOTrainer, with rlkit's reward registry.
+"""GRPO through TRL's GRPOTrainer, with rlkit's reward registry and tool environments.
 
 Reward weights come from the recipe's ``rewards:`` list (TRL's ``reward_weights``); the chat
-template kwargs from ``model.chat_template_kwargs``.
+template kwargs from ``model.chat_template_kwargs``. With ``env:`` the environment class goes to
+TRL as ``environment_factory`` (one instance per rollout, its public methods the tools) and
+``env.max_turns`` becomes ``max_tool_calling_iterations``; each batch's episode metrics (searches,
+empty results, calculator errors...) are logged as ``env/<name>``.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 HEAD = "causal"
 
 
 def dataset(recipe: Any):
-    from rlkit.data import get_task, load_rows
+    from rlkit.data import load_rows, task_rows
 
-    return get_task(recipe.data.task).grpo_rows(load_rows(recipe.data.task, recipe.data.train))
+    return task_rows(recipe, "grpo", load_rows(recipe.data.task, recipe.data.train))
 
 
 def rlkit_fields(recipe: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {"reward_weights": [r.weight for r in recipe.rewards]}
     if recipe.model.chat_template_kwargs:
         fields["chat_template_kwargs"] = recipe.model.chat_template_kwargs
+    if recipe.env is not None:
+        fields["max_tool_calling_iterations"] = recipe.env.max_turns
     return fields
 
 
 def reward_functions(recipe: Any) -> list:
     from rlkit.rewards import resolve_reward
 
-    return [resolve_reward(r.name, r.args) for r in recipe.rewards]
+    funcs = [resolve_reward(r.name, r.args) for r in recipe.rewards]
+    if recipe.env is not None:
+        funcs[0] = LogEnvMetrics(funcs[0])
+    return funcs
+
+
+class LogEnvMetrics:
+    """A reward function that also logs the batch's mean environment metrics through TRL's ``log_metric``.
+
+    TRL hands every reward function the batch's environment instances; wrapping the first reward is
+    the one place rlkit sees them once per batch. The reward itself is unchanged.
+    """
+
+    def __init__(self, func: Any) -> None:
+        functools.update_wrapper(self, func)
+        self.__name__ = getattr(func, "__name__", type(func).__name__)
+
+    def __call__(self, *args, environments: list | None = None, log_metric: Any = None, **kwargs) -> list:
+        if environments and log_metric is not None:
+            from rlkit.envs import env_metrics
+
+            per_env = [env_metrics(env) for env in environments]
+            for name in sorted({key for metrics in per_env for key in metrics}):
+                values = [m[name] for m in per_env if name in m and math.isfinite(m[name])]
+                if values:
+                    log_metric(f"env/{name}", sum(values) / len(values))
+        return self.__wrapped__(*args, environments=environments, log_metric=log_metric, **kwargs)
 
 
 def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from trl import GRPOTrainer
 
+    extra: dict[str, Any] = {}
+    if recipe.env is not None:
+        from rlkit.envs import make_factory
+
+        extra["environment_factory"] = make_factory(recipe)
     return GRPOTrainer(model=model, reward_funcs=reward_functions(recipe), args=args, train_dataset=train_ds,
-                       processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+                       processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **extra)

@@ -12,11 +12,11 @@ HEAD = "causal"
 
 
 def dataset(recipe: Any):
-    from rlkit.data import get_task, load_rows
+    from rlkit.data import load_rows, task_rows
     from rlkit.trainers import with_template_kwargs
 
-    rows = load_rows(recipe.data.task, recipe.data.train)
-    return with_template_kwargs(get_task(recipe.data.task).sft_rows(rows), recipe.model.chat_template_kwargs)
+    rows = task_rows(recipe, "sft", load_rows(recipe.data.task, recipe.data.train))
+    return with_template_kwargs(rows, recipe.model.chat_template_kwargs)
 
 
 def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,

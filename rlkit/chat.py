@@ -1,0 +1,132 @@
+"""``rlkit chat``: talk to a trained model in the terminal, its tool calls and results shown as they happen.
+
+The model, the environment and the system prompt come from a run directory's resolved recipe (or
+``--recipe`` for a bare model); ``--env`` picks or overrides the environment. Turns go through the
+same :class:`rlkit.rollout.Episode` as rollouts, so the tools behave exactly as in training.
+Type ``/reset`` to start over, ``/exit`` (or Ctrl-D) to leave.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlkit.errors import UserError
+
+
+def chat(target: str, *, env: str | None = None, recipe_path: Path | None = None, max_new_tokens: int = 512,
+         temperature: float = 0.0, read=input) -> None:
+    from rich.console import Console
+
+    from rlkit.rollout import Episode, HFPolicy
+
+    recipe, run_dir, model = _resolve(target, recipe_path, env)
+    make_env = _env_factory(recipe, env)
+    from rlkit.evaluate import load_for_eval
+
+    lm, tokenizer, label = load_for_eval(recipe, run_dir, model)
+    policy = HFPolicy(lm, tokenizer, chat_template_kwargs=recipe.model.chat_template_kwargs,
+                      max_new_tokens=max_new_tokens, temperature=temperature, batch_size=1)
+    system = _system_prompt(recipe)
+    console = Console()
+    console.print(f"[bold]rlkit chat[/] — {label}" + (f", tools: {recipe.env.name}" if make_env else "")
+                  + "  (/reset, /exit)")
+    episode = _new_episode(Episode, make_env, system)
+    while True:
+        try:
+            text = read("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            episode = _new_episode(Episode, make_env, system)
+            console.print("[dim](new conversation)[/]")
+            continue
+        if not text:
+            continue
+        episode.messages.append({"role": "user", "content": text})
+        episode.done, episode.error, episode.stopped_by = False, None, None
+        episode.first_turn = len(episode.turns)
+        tools = _tools(episode.env)
+        max_turns = recipe.env.max_turns if make_env else 0
+        while not episode.done:
+            shown = len(episode.messages)
+            episode.take(policy.generate([episode.messages], tools)[0], max_turns=max_turns, tool_timeout=30.0)
+            _show(console, episode.messages[shown:])
+        if episode.error:
+            console.print(f"[red]error:[/] {episode.error}")
+        elif episode.stopped_by:
+            console.print(f"[yellow](stopped after {max_turns} tool rounds)[/]")
+
+
+def _resolve(target: str, recipe_path: Path | None, env: str | None) -> tuple[Any, Path | None, str | None]:
+    """(recipe, run dir, --model for load_for_eval)."""
+    from rlkit import runs
+    from rlkit.evaluate import resolve_target
+
+    path = Path(target)
+    if runs.is_run_dir(path) and recipe_path is None:
+        recipe, run_dir = resolve_target(path)
+        return recipe, run_dir, None
+    if recipe_path is not None:
+        recipe, _ = resolve_target(recipe_path)
+        return recipe, None, target
+    from rlkit.recipe import validate
+
+    recipe = validate({"name": "chat", "algorithm": "sft", "model": {"name_or_path": target},
+                       "data": {"task": "sft", "train": {"synthetic": 1}}}, source="rlkit chat")
+    if env == "retrieval":
+        raise UserError("--env retrieval needs a corpus: pass --recipe RECIPE with a `retrieval:` section")
+    return recipe, None, None
+
+
+def _env_factory(recipe: Any, env: str | None):
+    from rlkit.envs import env_class, make_factory
+    from rlkit.recipe import EnvSpec
+
+    if env is not None and (recipe.env is None or recipe.env.name != env):
+        env_class(env)  # unknown names fail here, with the valid ones listed
+        recipe.env = EnvSpec(name=env, max_turns=recipe.env.max_turns if recipe.env else 6)
+    return make_factory(recipe) if recipe.env is not None else None
+
+
+def _system_prompt(recipe: Any) -> str | None:
+    from rlkit.data import get_task
+
+    prompts = getattr(get_task(recipe.data.task), "PROMPTS", None)
+    return prompts.get(recipe.data.prompt) if prompts else None
+
+
+def _new_episode(episode_cls: Any, make_env: Any, system: str | None):
+    env = make_env() if make_env else None
+    if env is not None:
+        env.reset()
+    messages = [{"role": "system", "content": system}] if system else []
+    return episode_cls(0, {}, env, messages, prompt_length=len(messages))
+
+
+def _tools(env: Any) -> list[dict]:
+    from rlkit.envs import tool_schemas
+
+    return tool_schemas(env) if env is not None else []
+
+
+def _show(console: Any, messages: list[dict[str, Any]]) -> None:
+    from rich.markup import escape
+
+    for message in messages:
+        if message["role"] == "assistant":
+            if message.get("reasoning_content"):
+                console.print(f"[dim]{escape(message['reasoning_content'].strip())}[/]")
+            if message.get("content"):
+                console.print(f"[bold cyan]model>[/] {escape(message['content'].strip())}")
+            for call in message.get("tool_calls") or []:
+                fn = call.get("function", {})
+                console.print(f"[magenta]→ {escape(fn.get('name', '?'))}[/]"
+                              f"({escape(json.dumps(fn.get('arguments'), ensure_ascii=False))})")
+        elif message["role"] == "tool":
+            content = message["content"]
+            short = content if len(content) <= 600 else content[:600] + " …"
+            console.print(f"[green]← {escape(message.get('name', 'tool'))}:[/] {escape(short)}")

@@ -1,0 +1,134 @@
+"""MultiHop-RAG (Tang & Yang, 2024): multi-hop questions over 609 news articles, answered with a search tool.
+
+Rows are MultiHop-RAG queries: ``query``, ``answer``, ``question_type`` (inference, comparison,
+temporal, null) and ``evidence_list`` (the facts that answer it). They load from the Hub
+(``yixuantt/MultiHopRAG``, config ``MultiHopRAG``) or a local ``MultiHopRAG.json``; the articles are
+the retrieval corpus (``retrieval: {corpus: yixuantt/MultiHopRAG}``). ``generate`` builds queries
+in the same format over the synthetic news corpus of :mod:`rlkit.retrieval.synthetic`, for smoke runs.
+
+The agent searches, then answers briefly inside ``<answer></answer>``; null queries (no evidence in
+the corpus) are answered "Insufficient information.". Metrics: EM, F1 and accuracy
+(:mod:`rlkit.rewards.qa`), overall and per ``question_type``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlkit.errors import UserError
+
+HUB_ID = "yixuantt/MultiHopRAG"
+NULL_ANSWER = "Insufficient information."
+_INSTRUCTIONS = (
+    "You answer questions about news articles. Use the `search` tool to find the articles that hold the facts "
+    "you need; search again with other words if the results do not answer the question. Then answer briefly "
+    "(a name, a short phrase, or Yes/No) inside <answer></answer>, for example <answer>Yes</answer>. If the "
+    f"articles do not contain the answer, reply <answer>{NULL_ANSWER}</answer>."
+)
+# Prompt variants (`data.prompt`): thinking models are asked to keep each turn's reasoning short.
+PROMPTS = {
+    "default": _INSTRUCTIONS,
+    "thinking": _INSTRUCTIONS + " Think briefly before each search and before answering: a few sentences at most.",
+}
+_REQUIRED = ("query", "answer", "question_type", "evidence_list")
+# The default synthetic corpus; `retrieval: {synthetic: ...}` in a smoke run uses the same numbers.
+SYNTHETIC_ARTICLES = 40
+SYNTHETIC_CORPUS_SEED = 0
+
+
+def load(source: Any):
+    """Queries from a local ``MultiHopRAG.json`` (or .jsonl) or the Hub, or SFT trajectories (``messages``)."""
+    from rlkit.data.sources import load_source
+
+    if source.path == HUB_ID and source.name is None:
+        source = source.model_copy(update={"name": "MultiHopRAG"})
+    ds = load_source(source)
+    if "messages" in ds.column_names:  # trajectories from `rlkit rollout --sft-out` (teacher -> SFT)
+        return ds
+    missing = [c for c in _REQUIRED if c not in ds.column_names]
+    if missing:
+        raise UserError(f"{source.path}: not MultiHop-RAG queries (missing {', '.join(missing)}) nor SFT "
+                        f"trajectories (`messages`); found {', '.join(ds.column_names)}")
+    return ds
+
+
+def generate(n: int, seed: int = 0, articles: int = SYNTHETIC_ARTICLES, corpus_seed: int = SYNTHETIC_CORPUS_SEED):
+    """``n`` MultiHop-RAG-format queries over the synthetic corpus ``articles(articles, corpus_seed)``."""
+    import datasets
+
+    from rlkit.retrieval import synthetic
+
+    corpus = synthetic.articles(articles, seed=corpus_seed)
+    return datasets.Dataset.from_list(synthetic.queries(corpus, n, seed=seed))
+
+
+def chat_prompt(query: str, variant: str = "default") -> list[dict[str, str]]:
+    return [{"role": "system", "content": PROMPTS[variant]}, {"role": "user", "content": query.strip()}]
+
+
+def grpo_rows(ds, prompt: str = "default"):
+    """Prompts plus ``answer`` and ``question_type`` (TRL passes both to the rewards and the environment)."""
+    return ds.map(
+        lambda row, i: {"prompt": chat_prompt(row["query"], prompt), "answer": row["answer"],
+                        "question_type": row["question_type"], "id": str(i)},
+        with_indices=True, remove_columns=ds.column_names,
+    )
+
+
+eval_rows = grpo_rows
+
+
+def sft_rows(ds, prompt: str = "default"):
+    """SFT rows: trajectories as they are (``messages`` + ``tools``), or oracle trajectories for queries.
+
+    Real SFT data are a teacher's successful trajectories (``rlkit rollout --sft-out``). For generated
+    queries (smoke runs) each row becomes one search for the query, a tool result holding the gold
+    evidence facts, and the gold answer — the shape of a good episode, so the pipeline runs end to end.
+    """
+    if "messages" in ds.column_names:
+        return ds
+    from rlkit.envs.retrieval import format_passage
+    from rlkit.retrieval import Passage
+
+    tools = json.dumps(search_tool_schemas())
+
+    def oracle(row: dict[str, Any]) -> dict[str, Any]:
+        passages = [Passage(id=str(i), title=e["title"], text=e["fact"], source=e["source"],
+                            published_at=e["published_at"], url=e.get("url"), score=1.0)
+                    for i, e in enumerate(row["evidence_list"])]
+        facts = "\n\n".join(format_passage(i, p) for i, p in enumerate(passages, 1)) or "No results."
+        call = {"type": "function", "function": {"name": "search", "arguments": {"query": row["query"]}}}
+        messages = [*chat_prompt(row["query"], prompt),
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "name": "search", "content": facts},
+                    {"role": "assistant", "content": f"<answer>{row['answer']}</answer>"}]
+        return {"messages": messages, "tools": tools}
+
+    return ds.map(oracle, remove_columns=ds.column_names)
+
+
+def search_tool_schemas() -> list[dict[str, Any]]:
+    from rlkit.envs import class_tool_schemas
+    from rlkit.envs.retrieval import RetrievalEnv
+
+    return class_tool_schemas(RetrievalEnv)
+
+
+def retrieval_queries(ds) -> list[dict[str, Any]]:
+    """Queries with gold facts for ``rlkit index eval``: null queries have none and are left out."""
+    return [{"query": row["query"], "facts": [e["fact"] for e in row["evidence_list"]]}
+            for row in ds if row["evidence_list"]]
+
+
+def episode_metrics(completion: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, float]:
+    """EM, F1 and accuracy of an episode's final answer against the gold answer."""
+    from rlkit.rewards.math import completion_text
+    from rlkit.rewards.qa import qa_scores
+
+    return qa_scores(completion_text(completion), row["answer"])
+
+
+def success(metrics: dict[str, float]) -> bool:
+    """An episode succeeds when its answer is correct by MultiHop-RAG's accuracy."""
+    return metrics.get("accuracy", 0.0) == 1.0

@@ -1,0 +1,519 @@
+"""Agent rollouts: a recipe's tool environment against a model, written to ``trajectories.jsonl``.
+
+The environment classes are the ones GRPO trains with (``rlkit.envs``), so a rollout sees the same
+tools, tool results and errors as training. Three policies produce the assistant turns:
+
+- :class:`HFPolicy`: a local model (base, adapter or merged) through transformers; every live
+  episode's next turn is generated in one batch.
+- :class:`VLLMPolicy`: vLLM's offline engine on a GPU (a LoRA adapter is served with ``LoRARequest``).
+- :class:`EndpointPolicy`: any OpenAI-compatible chat-completions server (a teacher API, ``vllm serve``,
+  SGLang); tools go out as the API's ``tools`` and calls come back in ``tool_calls``. Episodes run
+  concurrently, at most ``concurrency`` requests at a time.
+
+An episode ends when the model answers without a tool call, after ``max_turns`` tool rounds (TRL's
+``max_tool_calling_iterations``: the calls of one more turn are then not run), or on a failure
+(request error, timeout, unparsable output), which is recorded on the episode and never stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlkit.errors import UserError
+
+log = logging.getLogger("rlkit")
+
+
+@dataclass
+class Turn:
+    """One assistant turn as a policy produced it."""
+
+    message: dict[str, Any]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"  # stop | tool_calls | length | error
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class Episode:
+    """One question's conversation with the environment, turn by turn."""
+
+    index: int
+    row: dict[str, Any]
+    env: Any
+    messages: list[dict[str, Any]]
+    prompt_length: int
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    done: bool = False
+    stopped_by: str | None = None  # "max_turns" when the turn limit ended the episode
+    first_turn: int = 0  # tool rounds count from this turn (a chat resets it at each user message)
+
+    @property
+    def completion(self) -> list[dict[str, Any]]:
+        """The trajectory after the prompt: assistant turns and tool results (what rewards read)."""
+        return self.messages[self.prompt_length:]
+
+    def take(self, turn: Turn, *, max_turns: int, tool_timeout: float | None) -> None:
+        """Record ``turn``; run its tool calls unless the turn limit is reached; decide whether the episode ends."""
+        from rlkit.envs import call_tool
+
+        usage = {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+                 "total_tokens": turn.prompt_tokens + turn.completion_tokens,
+                 "finish_reason": turn.finish_reason, "seconds": round(turn.seconds, 4)}
+        self.turns.append(usage)
+        if turn.error is not None:
+            self.error, self.done = turn.error, True
+            return
+        self.messages.append(turn.message)
+        calls = turn.message.get("tool_calls") or []
+        if not calls:
+            self.done = True
+            return
+        tool_rounds = sum(1 for t in self.turns[self.first_turn:-1] if t["finish_reason"] == "tool_calls")
+        if tool_rounds >= max_turns:
+            self.done, self.stopped_by = True, "max_turns"
+            return
+        for i, call in enumerate(calls):
+            function = call.get("function", {})
+            name, arguments = function.get("name", ""), function.get("arguments", {})
+            result = call_tool(self.env, name, arguments, timeout=tool_timeout)
+            call_id = call.get("id") or f"call_{len(self.turns)}_{i}"
+            call["id"] = call_id
+            self.messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": result.content})
+            self.tool_calls.append({"turn": len(self.turns), "name": name, "arguments": result.arguments,
+                                    "content": result.content, "error": result.error,
+                                    "seconds": round(result.seconds, 4)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies
+
+
+class HFPolicy:
+    """A local transformers model; generates the next turn of many episodes in one batch."""
+
+    concurrent = False
+
+    def __init__(self, model: Any, tokenizer: Any, *, chat_template_kwargs: dict[str, Any], max_new_tokens: int,
+                 temperature: float = 0.0, batch_size: int = 32) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.kwargs, self.max_new_tokens = chat_template_kwargs, max_new_tokens
+        self.temperature, self.batch_size = temperature, batch_size
+        require_response_parser(tokenizer)
+
+    def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
+        import torch
+
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        self.model.eval()
+        device = next(self.model.parameters()).device
+        turns: list[Turn] = []
+        sampling = ({"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
+                    if self.temperature else {"do_sample": False})
+        for start in range(0, len(conversations), self.batch_size):
+            texts = [tok.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True, **self.kwargs)
+                     for c in conversations[start:start + self.batch_size]]
+            batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            started = time.time()
+            with torch.inference_mode():
+                out = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, pad_token_id=tok.pad_token_id,
+                                          **sampling)
+            seconds = (time.time() - started) / len(texts)
+            width = batch["input_ids"].shape[1]
+            for row, mask in zip(out.tolist(), batch["attention_mask"].tolist(), strict=True):
+                prompt_ids = [t for t, m in zip(row[:width], mask, strict=True) if m]
+                ids = _until_eos(row[width:], tok.eos_token_id)
+                turns.append(parsed_turn(tok, ids, prompt_ids, self.max_new_tokens, seconds))
+        return turns
+
+
+class VLLMPolicy:
+    """vLLM's offline engine (GPU only). An adapter is applied per request through ``LoRARequest``."""
+
+    concurrent = False
+
+    def __init__(self, model_path: str, tokenizer: Any, *, adapter: str | None, max_lora_rank: int,
+                 chat_template_kwargs: dict[str, Any], max_new_tokens: int, temperature: float = 0.0,
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.8) -> None:
+        try:
+            from vllm import LLM, SamplingParams
+            from vllm.lora.request import LoRARequest
+        except ImportError:
+            raise UserError("--backend vllm needs vLLM: pip install 'rlkit[gpu]' (CUDA only)") from None
+        self.tokenizer, self.kwargs = tokenizer, chat_template_kwargs
+        self.max_new_tokens = max_new_tokens
+        self.llm = LLM(model=model_path, enable_lora=adapter is not None, max_lora_rank=max_lora_rank,
+                       max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization)
+        self.lora = LoRARequest("adapter", 1, adapter) if adapter else None
+        self.sampling = SamplingParams(temperature=temperature, max_tokens=max_new_tokens)
+        require_response_parser(tokenizer)
+
+    def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
+        started = time.time()
+        outputs = self.llm.chat(list(conversations), self.sampling, tools=tools, lora_request=self.lora,
+                                chat_template_kwargs=self.kwargs, use_tqdm=False)
+        seconds = (time.time() - started) / max(len(conversations), 1)
+        return [parsed_turn(self.tokenizer, list(o.outputs[0].token_ids), list(o.prompt_token_ids),
+                            self.max_new_tokens, seconds) for o in outputs]
+
+
+class EndpointPolicy:
+    """An OpenAI-compatible chat-completions endpoint, through the ``openai`` client."""
+
+    concurrent = True
+
+    def __init__(self, endpoint: str, *, api_key: str | None, served_model: str | None, max_new_tokens: int,
+                 temperature: float = 0.0, timeout: float = 120.0, chat_template_kwargs: dict[str, Any] | None = None,
+                 max_retries: int = 2) -> None:
+        import openai
+
+        self.client = openai.AsyncOpenAI(base_url=endpoint, api_key=api_key or "EMPTY", timeout=timeout,
+                                         max_retries=max_retries)
+        self.endpoint, self.served_model = endpoint, served_model
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        # vLLM and SGLang read chat_template_kwargs from the request body; other servers ignore it.
+        self.extra_body = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else None
+
+    async def model_name(self) -> str:
+        """The served model: ``--served-model``, or the endpoint's only model."""
+        if self.served_model is None:
+            import openai
+
+            try:
+                models = [m.id async for m in self.client.models.list()]
+            except openai.OpenAIError as e:
+                raise UserError(f"--endpoint {self.endpoint}: cannot list models ({_describe(e)}); "
+                                "check the URL, or pass --served-model") from None
+            if len(models) != 1:
+                raise UserError(f"--endpoint {self.endpoint} serves {len(models)} models "
+                                f"({', '.join(models[:5]) or 'none'}); pick one with --served-model")
+            self.served_model = models[0]
+        return self.served_model
+
+    async def agenerate(self, messages: list[dict[str, Any]], tools: list[dict]) -> Turn:
+        import openai
+
+        started = time.time()
+        try:
+            response = await self.client.chat.completions.create(
+                model=await self.model_name(), messages=[_openai_message(m) for m in messages], tools=tools or None,
+                max_tokens=self.max_new_tokens, temperature=self.temperature, extra_body=self.extra_body)
+        except openai.OpenAIError as e:
+            return Turn({}, finish_reason="error", seconds=time.time() - started,
+                        error=f"endpoint error: {_describe(e)}")
+        seconds = time.time() - started
+        if not response.choices:
+            return Turn({}, finish_reason="error", seconds=seconds, error="endpoint error: no choices in the response")
+        choice = response.choices[0]
+        message: dict[str, Any] = {"role": "assistant", "content": choice.message.content or ""}
+        reasoning = getattr(choice.message, "reasoning_content", None)
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if choice.message.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in choice.message.tool_calls]
+        usage = response.usage
+        finish = "tool_calls" if message.get("tool_calls") else (choice.finish_reason or "stop")
+        return Turn(message, prompt_tokens=usage.prompt_tokens if usage else 0,
+                    completion_tokens=usage.completion_tokens if usage else 0, finish_reason=finish, seconds=seconds)
+
+
+def _describe(error: Exception) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _arguments(raw: str | None) -> dict[str, Any] | str:
+    """Tool-call arguments as a dict; a string that is not a JSON object stays a string (the tool call fails)."""
+    try:
+        value = json.loads(raw or "{}")
+    except json.JSONDecodeError:
+        return raw or ""
+    return value if isinstance(value, dict) else raw or ""
+
+
+def _openai_message(message: dict[str, Any]) -> dict[str, Any]:
+    """rlkit's chat message (transformers' form) as the chat-completions API wants it."""
+    out = {"role": message["role"], "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {"id": c.get("id") or f"call_{i}", "type": "function",
+             "function": {"name": c["function"]["name"],
+                          "arguments": c["function"]["arguments"] if isinstance(c["function"]["arguments"], str)
+                          else json.dumps(c["function"]["arguments"])}}
+            for i, c in enumerate(message["tool_calls"])]
+    if message["role"] == "tool":
+        out["tool_call_id"] = message.get("tool_call_id", "")
+    return out
+
+
+def require_response_parser(tokenizer: Any) -> None:
+    """Give the tokenizer TRL's response parser for its chat template (how tool calls are read from text)."""
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
+        return
+    from trl.chat_template_utils import add_response_schema
+
+    try:
+        add_response_schema(tokenizer)
+    except ValueError:
+        raise UserError("the model's chat template is not one TRL can parse tool calls from; set "
+                        "`tokenizer.response_template` in the model's tokenizer_config (see transformers' "
+                        "chat response parsing docs)") from None
+
+
+def parsed_turn(tokenizer: Any, ids: list[int], prompt_ids: list[int], max_new_tokens: int, seconds: float) -> Turn:
+    """A generated token sequence as an assistant message, tool calls parsed the way TRL parses them."""
+    from trl.chat_template_utils import parse_response
+
+    finished = bool(ids) and ids[-1] == tokenizer.eos_token_id
+    message = parse_response(tokenizer, ids, prefix=prompt_ids) if ids else {"role": "assistant", "content": ""}
+    message = {k: v for k, v in message.items() if v is not None}
+    message["role"] = "assistant"
+    if message.get("tool_calls"):
+        finish = "tool_calls"
+    else:
+        finish = "stop" if finished or len(ids) < max_new_tokens else "length"
+    return Turn(message, prompt_tokens=len(prompt_ids), completion_tokens=len(ids), finish_reason=finish,
+                seconds=seconds)
+
+
+def _until_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[:ids.index(eos) + 1] if eos in ids else ids
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+def run_episodes(rows: Sequence[dict[str, Any]], make_env: Callable[[], Any], policy: Any, *, max_turns: int,
+                 tool_timeout: float | None = 30.0, concurrency: int = 8, show_progress: bool = True) -> list[Episode]:
+    """Run one episode per row to the end; returns them in row order."""
+    from rich.progress import Progress
+
+    from rlkit.envs import tool_schemas
+
+    episodes = []
+    for i, row in enumerate(rows):
+        env = make_env()
+        appended = env.reset(**row)
+        messages = [dict(m) for m in row["prompt"]]
+        if appended:  # TRL's contract: text from reset() is appended to the last user message
+            messages[-1]["content"] = f"{messages[-1]['content']}\n\n{appended}"
+        episodes.append(Episode(i, row, env, messages, prompt_length=len(messages)))
+    if not episodes:
+        return episodes
+    tools = tool_schemas(episodes[0].env)
+    with Progress(disable=not show_progress, transient=True) as progress:
+        bar = progress.add_task("rollouts", total=len(episodes))
+        if policy.concurrent:
+            asyncio.run(_run_concurrent(episodes, policy, tools, max_turns, tool_timeout, concurrency,
+                                        lambda: progress.advance(bar)))
+        else:
+            while live := [e for e in episodes if not e.done]:
+                for episode, turn in zip(live, policy.generate([e.messages for e in live], tools), strict=True):
+                    episode.take(turn, max_turns=max_turns, tool_timeout=tool_timeout)
+                    if episode.done:
+                        progress.advance(bar)
+    return episodes
+
+
+async def _run_concurrent(episodes: list[Episode], policy: Any, tools: list[dict], max_turns: int,
+                          tool_timeout: float | None, concurrency: int, advance: Callable[[], None]) -> None:
+    await policy.model_name()  # fail once, clearly, before any episode runs
+    limit = asyncio.Semaphore(concurrency)
+
+    async def play(episode: Episode) -> None:
+        while not episode.done:
+            async with limit:
+                turn = await policy.agenerate(episode.messages, tools)
+            # Tools may block (a search on a large index); keep the event loop serving other episodes.
+            await asyncio.to_thread(episode.take, turn, max_turns=max_turns, tool_timeout=tool_timeout)
+        advance()
+
+    await asyncio.gather(*(play(e) for e in episodes))
+
+
+def score_episodes(episodes: list[Episode], recipe: Any) -> list[dict[str, Any]]:
+    """Trajectory records: rewards from the recipe's ``rewards:``, the task's answer metrics, env metrics."""
+    from rlkit.data import get_task
+    from rlkit.envs import env_metrics
+    from rlkit.rewards import RewardSet
+    from rlkit.rewards.qa import final_answer
+
+    task = get_task(recipe.data.task)
+    rewards = RewardSet(recipe.rewards) if recipe.rewards else None
+    totals: list[float | None] = [None] * len(episodes)
+    per_reward: dict[str, list[float]] = {}
+    if rewards is not None and episodes:
+        columns = {key: [e.row.get(key) for e in episodes] for key in episodes[0].row if key != "prompt"}
+        totals, per_reward = rewards([e.row["prompt"] for e in episodes], [e.completion for e in episodes], **columns)
+    from rlkit.rewards.math import completion_text
+
+    records = []
+    for i, e in enumerate(episodes):
+        metrics = {**task.episode_metrics(e.completion, e.row), **env_metrics(e.env)}
+        usage = {key: sum(t[key] for t in e.turns) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        records.append({
+            "id": e.row.get("id", str(e.index)), "question_type": e.row.get("question_type"),
+            "messages": e.messages, "tool_calls": e.tool_calls, "turns": e.turns, "usage": usage,
+            "rounds": sum(1 for m in e.completion if m["role"] == "assistant"),
+            "reward": totals[i], "rewards": {name: values[i] for name, values in per_reward.items()},
+            "metrics": metrics, "success": e.error is None and task.success(metrics), "error": e.error,
+            "stopped_by": e.stopped_by, "answer": e.row.get("answer"),
+            "prediction": final_answer(completion_text(e.completion)),
+        })
+    return records
+
+
+def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
+    """Write atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def sft_records(records: list[dict[str, Any]], tools: list[dict]) -> list[dict[str, Any]]:
+    """Successful trajectories as SFT rows: ``messages`` plus ``tools`` (a JSON string, as TRL reads it)."""
+    schema = json.dumps(tools)
+    return [{"messages": r["messages"], "tools": schema} for r in records if r["success"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# `rlkit rollout` and `rlkit eval` for agent recipes
+
+
+def rollout(target: str | Path, *, model: str | None = None, endpoint: str | None = None, api_key: str | None = None,
+            served_model: str | None = None, concurrency: int = 8, backend: str = "hf", split: str = "eval",
+            limit: int | None = None, out: str | Path | None = None, sft_out: str | Path | None = None,
+            temperature: float = 0.0, max_new_tokens: int | None = None, tool_timeout: float = 30.0,
+            smoke: bool = False, overrides: list[str] | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Run the recipe's agent on a split; write ``trajectories.jsonl`` (and successful ones as SFT rows)."""
+    from rlkit.evaluate import resolve_target
+
+    recipe, run_dir = resolve_target(target, overrides, smoke)
+    if recipe.env is None:
+        raise UserError(f"{target}: the recipe has no `env:` (tool environment), so there is nothing to roll out")
+    if endpoint and (model or backend != "hf"):
+        raise UserError("--endpoint generates on the server; drop --model/--backend")
+    if sft_out is not None and Path(sft_out).exists():
+        raise UserError(f"--sft-out {sft_out}: already exists; choose a new file")
+    policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
+                                served_model=served_model, backend=backend, temperature=temperature,
+                                max_new_tokens=max_new_tokens)
+    records = _play(recipe, split, limit, policy, tool_timeout, concurrency, show_progress)
+    path = Path(out) if out else _default_dir(recipe.name, run_dir, label) / "trajectories.jsonl"
+    write_jsonl(records, path)
+    result: dict[str, Any] = {"path": str(path), "episodes": len(records),
+                              "successes": sum(r["success"] for r in records)}
+    if sft_out is not None:
+        from rlkit.envs import make_factory, tool_schemas
+
+        rows = sft_records(records, tool_schemas(make_factory(recipe)()))
+        write_jsonl(rows, Path(sft_out))
+        result.update(sft_path=str(sft_out), sft_rows=len(rows))
+    return result
+
+
+def evaluate_agent(recipe: Any, run_dir: Path | None, model: str | None, *, limit: int | None,
+                   out: str | Path | None, show_progress: bool = True) -> dict[str, Any]:
+    """``rlkit eval`` of an agent recipe: greedy rollouts on the eval split, scored like ``rlkit analyze``."""
+    from rlkit.analyze import analyze
+    from rlkit.evaluate import _default_out, _write
+
+    policy, label = make_policy(recipe, run_dir, model=model)
+    started = time.time()
+    records = _play(recipe, "eval", limit, policy, 30.0, 8, show_progress)
+    results_path = Path(out) if out else _default_out(recipe.name, run_dir, label)
+    trajectories = results_path.with_suffix(".trajectories.jsonl")
+    write_jsonl(records, trajectories)
+    report = analyze(trajectories)
+    overall = report["answers"]["all"]
+    results = {"recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(records),
+               "accuracy": overall["accuracy"], "em": overall["em"], "f1": overall["f1"],
+               "by_question_type": report["answers"], "seconds": round(time.time() - started, 2),
+               "trajectories": str(trajectories)}
+    return _write(results, results_path)
+
+
+def _play(recipe: Any, split: str, limit: int | None, policy: Any, tool_timeout: float, concurrency: int,
+          show_progress: bool) -> list[dict[str, Any]]:
+    from rlkit.data import load_rows, task_rows
+    from rlkit.envs import make_factory
+
+    source = recipe.data.eval if split == "eval" else recipe.data.train
+    if source is None:
+        raise UserError(f"the recipe has no data.{split} split")
+    if limit:
+        source = source.model_copy(update={"limit": limit})
+    rows = task_rows(recipe, "eval", load_rows(recipe.data.task, source)).to_list()
+    episodes = run_episodes(rows, make_factory(recipe), policy, max_turns=recipe.env.max_turns,
+                            tool_timeout=tool_timeout, concurrency=concurrency, show_progress=show_progress)
+    return score_episodes(episodes, recipe)
+
+
+def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, endpoint: str | None = None,
+                api_key: str | None = None, served_model: str | None = None, backend: str = "hf",
+                temperature: float = 0.0, max_new_tokens: int | None = None) -> tuple[Any, str]:
+    """(policy, label) for an endpoint, vLLM on this GPU, or a local hf model (run dir, adapter, merged or base)."""
+    import os
+
+    max_new_tokens = max_new_tokens or recipe.eval.max_new_tokens
+    kwargs = recipe.model.chat_template_kwargs
+    if endpoint:
+        key = api_key or os.environ.get("OPENAI_API_KEY")  # read, never written anywhere
+        policy = EndpointPolicy(endpoint, api_key=key, served_model=served_model, max_new_tokens=max_new_tokens,
+                                temperature=temperature, chat_template_kwargs=kwargs)
+        return policy, served_model or endpoint
+    if backend == "vllm":
+        from rlkit.backends import hf
+        from rlkit.recipe import cuda_available
+        from rlkit.tiny import resolve_model_id
+
+        if not cuda_available():
+            raise UserError("--backend vllm needs a CUDA GPU and this machine has none; use --backend hf")
+        adapter = hf.adapter_dir(Path(model)) if model and _is_adapter(Path(model)) else (
+            run_dir / "adapter" if run_dir and not model else None)
+        base = resolve_model_id(recipe.model.name_or_path) if adapter or not model else model
+        tokenizer = hf.load_tokenizer(str(adapter) if adapter else base)
+        policy = VLLMPolicy(base, tokenizer, adapter=str(adapter) if adapter else None,
+                            max_lora_rank=recipe.lora.r if recipe.lora else 16, chat_template_kwargs=kwargs,
+                            max_new_tokens=max_new_tokens, temperature=temperature,
+                            max_model_len=recipe.model.max_seq_length)
+        return policy, str(adapter or base)
+    if backend != "hf":
+        raise UserError(f"--backend {backend!r}: use hf or vllm")
+    from rlkit.evaluate import load_for_eval
+
+    lm, tokenizer, label = load_for_eval(recipe, run_dir, model)
+    return HFPolicy(lm, tokenizer, chat_template_kwargs=kwargs, max_new_tokens=max_new_tokens,
+                    temperature=temperature, batch_size=recipe.eval.batch_size), label
+
+
+def _is_adapter(path: Path) -> bool:
+    from rlkit import runs
+
+    return runs.is_run_dir(path) or (path / "adapter_config.json").is_file()
+
+
+def _default_dir(name: str, run_dir: Path | None, label: str) -> Path:
+    import re
+
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", label.rstrip("/").rpartition("/")[2]).strip("_") or "model"
+    return (run_dir / "rollouts" if run_dir else Path("rollouts") / name) / tag

@@ -1,0 +1,286 @@
+"""Tool agents end to end: GRPO with an environment, rollouts against a scripted OpenAI server and a local model."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkit.data import gsm8k
+from rlkit.recipe import load_recipe, recipes_dir
+from tests.scripted_server import ScriptedServer
+
+CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
+
+
+def _golds(n, seed):
+    rows = gsm8k.generate(n, seed=seed)
+    return {row["question"]: gsm8k.gold(row["answer"]) for row in rows}
+
+
+def test_grpo_with_calculator_masks_exactly_the_tool_result_and_rewards_reach_the_trainer(tmp_path):
+    """Scripted generation: each completion calls the calculator, then answers; half the answers are right."""
+    from rlkit.train import build_trainer
+
+    recipe = load_recipe(CALCULATOR, ["trainer.max_steps=2", "trainer.learning_rate=1e-2"], smoke=True,
+                         validate_trainer=False)
+    trainer, tok = build_trainer(recipe, tmp_path, smoke=True)
+    golds = _golds(32, seed=0)
+    script = {"turns": 0}
+
+    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
+        completions = []
+        for ids in prompt_ids:
+            text = tok.decode(ids)
+            if "<tool_response>" not in text:  # first turn: compute the answer with the tool
+                gold = next(g for q, g in golds.items() if q in text)
+                call = {"name": "calculate", "arguments": {"expression": f"{int(gold) - 7} + 7"}}
+                reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
+            else:  # second turn: every other completion copies the tool result, the rest add one
+                result = text.rpartition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
+                script["turns"] += 1
+                answer = int(result) + (script["turns"] % 2)
+                reply = f"#### {answer}<|im_end|>"
+            completions.append(tok(reply, add_special_tokens=False)["input_ids"])
+        return completions, None
+
+    trainer._generate_single_turn = scripted
+    batches = []
+    generate_and_score = trainer._generate_and_score_completions
+
+    def capture(inputs):
+        out = generate_and_score(inputs)
+        batches.append({k: out[k].clone() for k in ("completion_ids", "completion_mask", "tool_mask")})
+        return out
+
+    trainer._generate_and_score_completions = capture
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    trainer.train()
+
+    assert len(batches) == 2
+    for batch in batches:
+        for ids, mask, tool in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"], strict=True):
+            keep = mask.bool()
+            model_text = tok.decode(ids[keep & tool.bool()])
+            tool_text = tok.decode(ids[keep & ~tool.bool()])
+            result = tool_text.partition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
+            assert model_text.startswith('<tool_call>\n{"name": "calculate"')
+            assert model_text.endswith(f"#### {int(result) + 0}<|im_end|>") or model_text.endswith(
+                f"#### {int(result) + 1}<|im_end|>")
+            # Masked: exactly the tool result block and the template glue around it, nothing the model wrote.
+            assert tool_text == (f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
+                                 "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "reward" in r]
+    assert len(logged) == 2
+    for row in logged:
+        assert row["rewards/gsm8k_correct/mean"] == pytest.approx(0.5)
+        assert row["tools/call_frequency"] == pytest.approx(1.0)
+        assert row["tools/failure_frequency"] == 0.0
+        assert row["env/calls"] == pytest.approx(1.0) and row["env/errors"] == 0.0
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before), "the LoRA did not train"
+
+
+def _teacher(golds, fail=(), wrong=(), divide_by_zero=()):
+    """A calculator teacher: computes the gold with the tool, then answers (or fails as told)."""
+
+    def reply(request):
+        messages = request["messages"]
+        question = next(m["content"] for m in messages if m["role"] == "user")
+        gold = golds[question]
+        if question in fail:
+            return {"status": 500}
+        if messages[-1]["role"] == "user":
+            expression = "1/0" if question in divide_by_zero else f"{gold} * 1"
+            return {"tool_calls": [{"name": "calculate", "arguments": {"expression": expression}}]}
+        answer = int(gold) + 1 if question in wrong else gold
+        return {"content": f"Using the calculator.\n#### {answer}"}
+
+    return reply
+
+
+def test_rollout_against_a_scripted_openai_server(tmp_path):
+    from rlkit.analyze import analyze
+    from rlkit.rollout import rollout
+
+    golds = _golds(8, seed=1)  # the smoke eval split
+    questions = list(golds)
+    teacher = _teacher(golds, fail=questions[:1], wrong=questions[1:2], divide_by_zero=questions[2:3])
+    out = tmp_path / "trajectories.jsonl"
+    with ScriptedServer(teacher) as server:
+        result = rollout(CALCULATOR, endpoint=server.url, api_key="sk-test-secret", concurrency=3, smoke=True,
+                         out=out, sft_out=tmp_path / "sft.jsonl", show_progress=False)
+    assert server.headers[0]["authorization"] == "Bearer sk-test-secret"
+    assert "sk-test-secret" not in out.read_text()
+    # Tools go out as the API's `tools`; the calculator's schema is there.
+    assert server.requests[0]["tools"][0]["function"]["name"] == "calculate"
+    assert server.requests[0]["model"] == "scripted-teacher"
+
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 8 and result["episodes"] == 8
+    by_question = {r["messages"][1]["content"]: r for r in records}
+    failed = by_question[questions[0]]
+    assert failed["error"].startswith("endpoint error: InternalServerError") and not failed["success"]
+    wrong = by_question[questions[1]]
+    assert wrong["error"] is None and not wrong["success"] and wrong["metrics"]["accuracy"] == 0.0
+    zero = by_question[questions[2]]
+    assert zero["tool_calls"][0]["error"] and "division by zero" in zero["tool_calls"][0]["content"]
+    assert zero["metrics"]["errors"] == 1 and zero["metrics"]["calls"] == 1
+    good = [by_question[q] for q in questions[3:]]
+    for r in good:
+        assert r["success"] and r["rounds"] == 2 and r["error"] is None
+        assert [m["role"] for m in r["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+        assert r["tool_calls"][0]["name"] == "calculate" and r["tool_calls"][0]["error"] is None
+        assert r["messages"][3]["content"] == golds[r["messages"][1]["content"]]  # the tool really ran
+        assert r["rewards"]["gsm8k_correct"] == 1.0 and r["rewards"]["answer_format"] == 1.0
+        assert r["reward"] == pytest.approx(1.0 + 0.2 * 1.0)
+        # Usage per turn from the server: 10 prompt tokens per message sent (2, then 4 messages).
+        assert [t["prompt_tokens"] for t in r["turns"]] == [20, 40]
+        assert r["usage"]["prompt_tokens"] == 60
+        assert r["usage"]["total_tokens"] == sum(t["total_tokens"] for t in r["turns"])
+    assert result["successes"] == len(good) + 1  # the division-by-zero episode still answers right
+
+    report = analyze(out)
+    assert report["answers"]["all"]["accuracy"] == pytest.approx(6 / 8)
+    sft = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert len(sft) == result["sft_rows"] == 6
+    assert json.loads(sft[0]["tools"])[0]["function"]["name"] == "calculate"
+    assert all(row["messages"][-1]["role"] == "assistant" for row in sft)
+
+
+def test_max_turns_stops_a_model_that_never_answers(tmp_path):
+    from rlkit.rollout import rollout
+
+    def always_calls(request):
+        return {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2 + 2"}}]}
+
+    out = tmp_path / "t.jsonl"
+    with ScriptedServer(always_calls) as server:
+        rollout(CALCULATOR, endpoint=server.url, smoke=True, limit=2, out=out, show_progress=False,
+                overrides=["env.max_turns=3"])
+    for r in map(json.loads, out.read_text().splitlines()):
+        assert r["stopped_by"] == "max_turns" and not r["success"]
+        assert len(r["tool_calls"]) == 3 and r["rounds"] == 4  # 3 tool rounds, the 4th turn's calls not run
+    assert len(server.requests) == 2 * 4
+
+
+def test_request_timeout_and_bad_tool_arguments_are_recorded_not_fatal():
+    from rlkit.envs.calculator import CalculatorEnv
+    from rlkit.rollout import EndpointPolicy, run_episodes
+
+    def reply(request):
+        question = request["messages"][-1]["content"]
+        if question == "slow":
+            return {"sleep": 1.5, "content": "late"}
+        if request["messages"][-1]["role"] == "user":
+            return {"tool_calls": [{"name": "calculate", "arguments": "{not json"}]}
+        return {"content": "#### 4"}
+
+    rows = [{"prompt": [{"role": "user", "content": q}], "answer": "4"} for q in ("slow", "fast")]
+    with ScriptedServer(reply) as server:
+        policy = EndpointPolicy(server.url, api_key=None, served_model=None, max_new_tokens=16, timeout=0.5,
+                                max_retries=0)
+        slow, fast = run_episodes(rows, CalculatorEnv, policy, max_turns=2, show_progress=False)
+    assert slow.error == "endpoint error: APITimeoutError: Request timed out." and slow.done
+    assert fast.error is None and fast.tool_calls[0]["error"] and fast.messages[-1]["content"] == "#### 4"
+
+
+def test_parsed_turn_reads_tool_calls_like_trl(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from rlkit.rollout import parsed_turn, require_response_parser
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    require_response_parser(tok)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "6 times 7?"}], add_generation_prompt=True,
+                                     enable_thinking=False, tokenize=True, return_dict=False)
+    text = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "6*7"}}\n</tool_call><|im_end|>'
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    turn = parsed_turn(tok, ids, prompt, max_new_tokens=64, seconds=0.1)
+    assert turn.finish_reason == "tool_calls"
+    assert turn.message["tool_calls"][0]["function"] == {"name": "calculate", "arguments": {"expression": "6*7"}}
+    assert turn.prompt_tokens == len(prompt) and turn.completion_tokens == len(ids)
+    cut = parsed_turn(tok, tok("#### 4", add_special_tokens=False)["input_ids"], prompt, max_new_tokens=3, seconds=0)
+    assert cut.finish_reason == "length" and cut.message["content"] == "#### 4"
+
+
+def test_local_model_rollout_and_agent_eval(tmp_path):
+    """The hf policy batches every live episode per turn; `rlkit eval` of an agent recipe scores rollouts."""
+    from rlkit.evaluate import evaluate
+
+    results = evaluate(CALCULATOR, smoke=True, limit=4, out=tmp_path / "eval.json", show_progress=False)
+    assert results["n"] == 4 and 0.0 <= results["accuracy"] <= 1.0
+    records = [json.loads(line) for line in Path(results["trajectories"]).read_text().splitlines()]
+    assert len(records) == 4
+    for r in records:
+        assert r["turns"] and all(t["completion_tokens"] <= 24 for t in r["turns"])  # smoke max_new_tokens
+        assert r["turns"][0]["prompt_tokens"] > 50  # system prompt, tool schema and question
+        assert r["messages"][0]["role"] == "system" and r["messages"][2]["role"] == "assistant"
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["by_question_type"]["all"]["n"] == 4
+
+
+def test_agent_recipe_errors_are_one_line(tmp_path):
+    from rlkit.errors import UserError
+
+    cases = [
+        (["env.name=calculatr"], "env.name: unknown environment 'calculatr' (did you mean 'calculator'?)"),
+        (["env.args={precision: 3}"], "env.args"),
+        (["data.prompt=calculater"], "data.prompt: task 'gsm8k' has no prompt 'calculater' (did you mean 'calculator'?)"),
+        (["trainer.max_tool_calling_iterations=3"], "trainer.max_tool_calling_iterations: set by rlkit; set `env.max_turns`"),
+        (["env.max_turns=0"], "env.max_turns"),
+    ]
+    for overrides, expected in cases:
+        with pytest.raises(UserError) as e:
+            load_recipe(CALCULATOR, overrides)
+        assert expected in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+
+
+MULTIHOP = recipes_dir() / "multihop_rag_grpo.yaml"
+
+
+def _reader(queries):
+    """A retrieval teacher: searches the question, answers the gold when a gold fact came back, else abstains."""
+    by_query = {q["query"]: q for q in queries}
+
+    def reply(request):
+        messages = request["messages"]
+        query = by_query[next(m["content"] for m in messages if m["role"] == "user")]
+        results = [m["content"] for m in messages if m["role"] == "tool"]
+        if not results:
+            return {"tool_calls": [{"name": "search", "arguments": {"query": query["query"]}}]}
+        found = any(e["fact"] in "".join(results) for e in query["evidence_list"])
+        answer = query["answer"] if found or query["question_type"] == "null_query" else "Insufficient information."
+        return {"content": f"<answer>{answer}</answer>"}
+
+    return reply
+
+
+def test_multihop_rollout_with_the_retrieval_env_and_analyze(tmp_path, monkeypatch, capsys):
+    from rlkit.analyze import main as analyze_main
+    from rlkit.data import multihop_rag
+    from rlkit.rollout import rollout
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    queries = multihop_rag.generate(16, seed=1).to_list()
+    out = tmp_path / "trajectories.jsonl"
+    with ScriptedServer(_reader(queries)) as server:
+        rollout(MULTIHOP, endpoint=server.url, smoke=True, out=out, show_progress=False,
+                overrides=["data.eval.synthetic=16"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 16
+    for r, q in zip(records, queries, strict=True):
+        assert r["question_type"] == q["question_type"] and r["answer"] == q["answer"]
+        assert r["metrics"]["searches"] == 1 and r["tool_calls"][0]["name"] == "search"
+        passages = r["messages"][3]["content"]
+        found = any(e["fact"] in passages for e in q["evidence_list"])
+        assert r["success"] == (found or q["question_type"] == "null_query")
+        expected_f1 = 1.0 if r["success"] else r["metrics"]["f1"]
+        assert r["rewards"]["qa_correct"] == pytest.approx(2.0 * expected_f1)
+        assert r["rewards"]["answer_format"] == 0.5
+    analyze_main(str(out), markdown=True)
+    markdown = capsys.readouterr().out
+    for question_type in {q["question_type"] for q in queries}:
+        assert f"| {question_type} |" in markdown
