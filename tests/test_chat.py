@@ -1,0 +1,37 @@
+"""`rlkit chat`: the terminal loop on a real (tiny) model, and how tool calls and results are shown."""
+
+from rich.console import Console
+
+from rlkit.recipe import recipes_dir
+
+
+def test_chat_loop_with_the_calculator_env(tmp_path, capsys):
+    from rlkit.chat import chat
+
+    lines = iter(["What is 6 times 7?", "/reset", "", "And 2 + 2?", "/exit", "never read"])
+    seen = []
+
+    def read(prompt):
+        seen.append(prompt)
+        return next(lines)
+
+    chat("rlkit/tiny-qwen3", env="calculator", recipe_path=recipes_dir() / "gsm8k_calculator_grpo.yaml",
+         max_new_tokens=8, read=read)
+    out = capsys.readouterr().out
+    assert len(seen) == 5  # stops at /exit
+    assert "tools: calculator" in out and "(new conversation)" in out
+    assert out.count("model>") + out.count("→ calculate") >= 2  # one reply per question at least
+
+
+def test_tool_calls_and_results_are_shown_as_they_happen():
+    from rlkit.chat import _show
+
+    console = Console(record=True, width=200)
+    _show(console, [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "6*7"}}}]},
+        {"role": "tool", "name": "calculate", "content": "42"},
+        {"role": "assistant", "content": "#### 42"},
+    ])
+    text = console.export_text()
+    assert text.splitlines() == ['→ calculate({"expression": "6*7"})', "← calculate: 42", "model> #### 42"]
