@@ -236,6 +236,7 @@ def main(path: str, markdown: bool = False, out: str | None = None) -> None:
 
     report = analyze(path)
     if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(to_markdown(report), encoding="utf-8")
         Console(soft_wrap=True).print(f"markdown report written to {out}", highlight=False)
     elif markdown:

@@ -177,10 +177,14 @@ def index_eval(
     spec = load_recipe(recipe, set_ or [], smoke=smoke, validate_trainer=False)
     if spec.retrieval is None:
         raise UserError(f"{recipe}: no `retrieval:` section to evaluate")
+    if split not in ("eval", "train"):
+        raise UserError(f"--split {split!r}: use eval or train")
     task = get_task(spec.data.task)
     if not hasattr(task, "retrieval_queries"):
         raise UserError(f"{recipe}: task {spec.data.task!r} has no gold evidence to score retrieval against")
-    source = spec.data.eval if split == "eval" and spec.data.eval else spec.data.train
+    source = spec.data.train if split == "train" else spec.data.eval
+    if source is None:
+        raise UserError(f"{recipe}: the recipe has no data.eval split; use --split train")
     if limit:
         source = source.model_copy(update={"limit": limit})
     queries = task.retrieval_queries(load_rows(spec.data.task, source))
@@ -217,8 +221,11 @@ def _print_agent_eval(results: dict) -> None:
     table = Table(title=f"eval: {results['recipe']} ({results['task']}) — {results['model']}")
     for col in ("question type", "n", "accuracy", "EM", "F1"):
         table.add_column(col, justify="left" if col == "question type" else "right")
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"  # GSM8K has no F1
+
     for name, row in results["by_question_type"].items():
-        table.add_row(name, str(row["n"]), f"{row['accuracy']:.3f}", f"{row['em']:.3f}", f"{row['f1']:.3f}")
+        table.add_row(name, str(row["n"]), cell(row["accuracy"]), cell(row["em"]), cell(row["f1"]))
     console = _console()
     console.print(table)
     console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")

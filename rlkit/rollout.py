@@ -111,6 +111,7 @@ class HFPolicy:
         self.kwargs, self.max_new_tokens = chat_template_kwargs, max_new_tokens
         self.temperature, self.batch_size = temperature, batch_size
         require_response_parser(tokenizer)
+        self.template = training_template(tokenizer)
 
     def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
         import torch
@@ -123,7 +124,8 @@ class HFPolicy:
         sampling = ({"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
                     if self.temperature else {"do_sample": False})
         for start in range(0, len(conversations), self.batch_size):
-            texts = [tok.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True, **self.kwargs)
+            texts = [tok.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True,
+                                             chat_template=self.template, **self.kwargs)
                      for c in conversations[start:start + self.batch_size]]
             batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             started = time.time()
@@ -159,11 +161,12 @@ class VLLMPolicy:
         self.lora = LoRARequest("adapter", 1, adapter) if adapter else None
         self.sampling = SamplingParams(temperature=temperature, max_tokens=max_new_tokens)
         require_response_parser(tokenizer)
+        self.template = training_template(tokenizer)
 
     def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
         started = time.time()
         outputs = self.llm.chat(list(conversations), self.sampling, tools=tools, lora_request=self.lora,
-                                chat_template_kwargs=self.kwargs, use_tqdm=False)
+                                chat_template=self.template, chat_template_kwargs=self.kwargs, use_tqdm=False)
         seconds = (time.time() - started) / max(len(conversations), 1)
         return [parsed_turn(self.tokenizer, list(o.outputs[0].token_ids), list(o.prompt_token_ids),
                             self.max_new_tokens, seconds) for o in outputs]
@@ -175,16 +178,13 @@ class EndpointPolicy:
     concurrent = True
 
     def __init__(self, endpoint: str, *, api_key: str | None, served_model: str | None, max_new_tokens: int,
-                 temperature: float = 0.0, timeout: float = 120.0, chat_template_kwargs: dict[str, Any] | None = None,
-                 max_retries: int = 2) -> None:
+                 temperature: float = 0.0, timeout: float = 120.0, max_retries: int = 2) -> None:
         import openai
 
         self.client = openai.AsyncOpenAI(base_url=endpoint, api_key=api_key or "EMPTY", timeout=timeout,
                                          max_retries=max_retries)
         self.endpoint, self.served_model = endpoint, served_model
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        # vLLM and SGLang read chat_template_kwargs from the request body; other servers ignore it.
-        self.extra_body = {"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else None
 
     async def model_name(self) -> str:
         """The served model: ``--served-model``, or the endpoint's only model."""
@@ -209,7 +209,10 @@ class EndpointPolicy:
         try:
             response = await self.client.chat.completions.create(
                 model=await self.model_name(), messages=[_openai_message(m) for m in messages], tools=tools or None,
-                max_tokens=self.max_new_tokens, temperature=self.temperature, extra_body=self.extra_body)
+                max_completion_tokens=self.max_new_tokens, temperature=self.temperature)
+        except _fatal_errors() as e:  # every request would fail the same way: stop, don't record N failures
+            raise UserError(f"--endpoint {self.endpoint}: {_describe(e)}; check --api-key, --served-model and "
+                            "that the server accepts tools") from None
         except openai.OpenAIError as e:
             return Turn({}, finish_reason="error", seconds=time.time() - started,
                         error=f"endpoint error: {_describe(e)}")
@@ -218,7 +221,8 @@ class EndpointPolicy:
             return Turn({}, finish_reason="error", seconds=seconds, error="endpoint error: no choices in the response")
         choice = response.choices[0]
         message: dict[str, Any] = {"role": "assistant", "content": choice.message.content or ""}
-        reasoning = getattr(choice.message, "reasoning_content", None)
+        # vLLM >= 0.11 and OpenRouter say `reasoning`; older vLLM and DeepSeek `reasoning_content`.
+        reasoning = getattr(choice.message, "reasoning", None) or getattr(choice.message, "reasoning_content", None)
         if reasoning:
             message["reasoning_content"] = reasoning
         if choice.message.tool_calls:
@@ -230,6 +234,12 @@ class EndpointPolicy:
         finish = "tool_calls" if message.get("tool_calls") else (choice.finish_reason or "stop")
         return Turn(message, prompt_tokens=usage.prompt_tokens if usage else 0,
                     completion_tokens=usage.completion_tokens if usage else 0, finish_reason=finish, seconds=seconds)
+
+
+def _fatal_errors() -> tuple[type[Exception], ...]:
+    import openai
+
+    return (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError, openai.BadRequestError)
 
 
 def _describe(error: Exception) -> str:
@@ -273,6 +283,15 @@ def require_response_parser(tokenizer: Any) -> None:
         raise UserError("the model's chat template is not one TRL can parse tool calls from; set "
                         "`tokenizer.response_template` in the model's tokenizer_config (see transformers' "
                         "chat response parsing docs)") from None
+
+
+def training_template(tokenizer: Any) -> str | None:
+    """The chat template TRL trains tool episodes with: the model's own if it keeps earlier turns verbatim,
+    else TRL's prefix-preserving variant (Qwen3's stock template drops earlier ``<think>`` blocks). Rollouts
+    render with it so a policy is evaluated on the context it was trained on."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
 
 
 def parsed_turn(tokenizer: Any, ids: list[int], prompt_ids: list[int], max_new_tokens: int, seconds: float) -> Turn:
@@ -337,11 +356,17 @@ async def _run_concurrent(episodes: list[Episode], policy: Any, tools: list[dict
     limit = asyncio.Semaphore(concurrency)
 
     async def play(episode: Episode) -> None:
-        while not episode.done:
-            async with limit:
-                turn = await policy.agenerate(episode.messages, tools)
-            # Tools may block (a search on a large index); keep the event loop serving other episodes.
-            await asyncio.to_thread(episode.take, turn, max_turns=max_turns, tool_timeout=tool_timeout)
+        try:
+            while not episode.done:
+                async with limit:
+                    turn = await policy.agenerate(episode.messages, tools)
+                # Tools may block (a search on a large index); keep the event loop serving other episodes.
+                await asyncio.to_thread(episode.take, turn, max_turns=max_turns, tool_timeout=tool_timeout)
+        except UserError:
+            raise
+        except Exception as e:  # one malformed response must not cost the other episodes
+            log.exception("episode %d failed", episode.index)
+            episode.error, episode.done = f"rollout error: {_describe(e)}", True
         advance()
 
     await asyncio.gather(*(play(e) for e in episodes))
@@ -414,11 +439,13 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
         raise UserError("--endpoint generates on the server; drop --model/--backend")
     if sft_out is not None and Path(sft_out).exists():
         raise UserError(f"--sft-out {sft_out}: already exists; choose a new file")
+    if out is not None and Path(out).exists():
+        raise UserError(f"--out {out}: already exists; choose a new file or delete it")
     policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
                                 served_model=served_model, backend=backend, temperature=temperature,
                                 max_new_tokens=max_new_tokens)
     records = _play(recipe, split, limit, policy, tool_timeout, concurrency, show_progress)
-    path = Path(out) if out else _default_dir(recipe.name, run_dir, label) / "trajectories.jsonl"
+    path = Path(out) if out else _free_path(_default_dir(recipe.name, run_dir, label) / "trajectories.jsonl")
     write_jsonl(records, path)
     result: dict[str, Any] = {"path": str(path), "episodes": len(records),
                               "successes": sum(r["success"] for r in records)}
@@ -478,9 +505,10 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
     kwargs = recipe.model.chat_template_kwargs
     if endpoint:
         key = api_key or os.environ.get("OPENAI_API_KEY")  # read, never written anywhere
+        # The recipe's chat_template_kwargs are the student's; a teacher endpoint gets its own defaults.
         policy = EndpointPolicy(endpoint, api_key=key, served_model=served_model, max_new_tokens=max_new_tokens,
-                                temperature=temperature, chat_template_kwargs=kwargs)
-        return policy, served_model or endpoint
+                                temperature=temperature)
+        return policy, served_model or endpoint.rstrip("/").removesuffix("/v1").rpartition("//")[2]
     if backend == "vllm":
         from rlkit.backends import hf
         from rlkit.recipe import cuda_available
@@ -504,6 +532,16 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
     lm, tokenizer, label = load_for_eval(recipe, run_dir, model)
     return HFPolicy(lm, tokenizer, chat_template_kwargs=kwargs, max_new_tokens=max_new_tokens,
                     temperature=temperature, batch_size=recipe.eval.batch_size), label
+
+
+def _free_path(path: Path) -> Path:
+    """``path``, or ``stem-2.jsonl``, ``stem-3.jsonl``...: a later rollout never overwrites an earlier one."""
+    n = 1
+    candidate = path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate
 
 
 def _is_adapter(path: Path) -> bool:

@@ -68,6 +68,8 @@ class ScriptedServer:
                                else json.dumps(c["arguments"])}}
                  for i, c in enumerate(script.get("tool_calls", []))]
         message = {"role": "assistant", "content": script.get("content")}
+        if "reasoning" in script:  # vLLM's reasoning parser puts thinking here
+            message["reasoning"] = script["reasoning"]
         if calls:
             message["tool_calls"] = calls
         # Deterministic usage: 10 prompt tokens per request message, 1 completion token per 4 characters.

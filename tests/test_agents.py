@@ -205,14 +205,18 @@ def test_parsed_turn_reads_tool_calls_like_trl(tiny_model_dir):
     assert cut.finish_reason == "length" and cut.message["content"] == "#### 4"
 
 
-def test_local_model_rollout_and_agent_eval(tmp_path):
+def test_local_model_rollout_and_agent_eval(tmp_path, capsys):
     """The hf policy batches every live episode per turn; `rlkit eval` of an agent recipe scores rollouts."""
+    from rlkit.cli import print_eval
     from rlkit.evaluate import evaluate
 
     results = evaluate(CALCULATOR, smoke=True, limit=4, out=tmp_path / "eval.json", show_progress=False)
-    assert results["n"] == 4 and 0.0 <= results["accuracy"] <= 1.0
     records = [json.loads(line) for line in Path(results["trajectories"]).read_text().splitlines()]
-    assert len(records) == 4
+    assert results["n"] == len(records) == 4
+    assert results["accuracy"] == sum(r["metrics"]["accuracy"] for r in records) / 4
+    assert results["f1"] is None  # GSM8K answers are right or wrong
+    print_eval(results)
+    assert "│ all           │ 4 │" in capsys.readouterr().out.replace("─", "")
     for r in records:
         assert r["turns"] and all(t["completion_tokens"] <= 24 for t in r["turns"])  # smoke max_new_tokens
         assert r["turns"][0]["prompt_tokens"] > 50  # system prompt, tool schema and question
@@ -284,3 +288,27 @@ def test_multihop_rollout_with_the_retrieval_env_and_analyze(tmp_path, monkeypat
     markdown = capsys.readouterr().out
     for question_type in {q["question_type"] for q in queries}:
         assert f"| {question_type} |" in markdown
+
+
+def test_endpoint_misconfiguration_stops_the_run_and_reasoning_is_kept(tmp_path):
+    from rlkit.envs.calculator import CalculatorEnv
+    from rlkit.errors import UserError
+    from rlkit.rollout import EndpointPolicy, rollout, run_episodes
+
+    with ScriptedServer(lambda request: {"status": 401}) as server, pytest.raises(UserError) as e:
+        rollout(CALCULATOR, endpoint=server.url, smoke=True, limit=2, out=tmp_path / "t.jsonl", show_progress=False)
+    assert "AuthenticationError" in str(e.value) and "--api-key" in str(e.value)
+    assert not (tmp_path / "t.jsonl").exists()
+
+    def thinking(request):
+        return {"content": "#### 4", "reasoning": "2 + 2 is 4."}
+
+    rows = [{"prompt": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}]
+    with ScriptedServer(thinking) as server:
+        policy = EndpointPolicy(server.url, api_key=None, served_model=None, max_new_tokens=16)
+        (episode,) = run_episodes(rows, CalculatorEnv, policy, max_turns=1, show_progress=False)
+    assert episode.messages[-1] == {"role": "assistant", "content": "#### 4", "reasoning_content": "2 + 2 is 4."}
+    assert server.requests[0]["max_completion_tokens"] == 16 and "chat_template_kwargs" not in server.requests[0]
+    (tmp_path / "exists.jsonl").write_text("")
+    with pytest.raises(UserError, match="already exists"):
+        rollout(CALCULATOR, endpoint="http://127.0.0.1:9/v1", smoke=True, out=tmp_path / "exists.jsonl")

@@ -17,9 +17,9 @@ import json
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.retrieval.synthetic import NULL_ANSWER  # MultiHop-RAG's answer to a null query
 
 HUB_ID = "yixuantt/MultiHopRAG"
-NULL_ANSWER = "Insufficient information."
 _INSTRUCTIONS = (
     "You answer questions about news articles. Use the `search` tool to find the articles that hold the facts "
     "you need; search again with other words if the results do not answer the question. Then answer briefly "
@@ -69,6 +69,7 @@ def chat_prompt(query: str, variant: str = "default") -> list[dict[str, str]]:
 
 def grpo_rows(ds, prompt: str = "default"):
     """Prompts plus ``answer`` and ``question_type`` (TRL passes both to the rewards and the environment)."""
+    _require_queries(ds)
     return ds.map(
         lambda row, i: {"prompt": chat_prompt(row["query"], prompt), "answer": row["answer"],
                         "question_type": row["question_type"], "id": str(i)},
@@ -117,8 +118,15 @@ def search_tool_schemas() -> list[dict[str, Any]]:
 
 def retrieval_queries(ds) -> list[dict[str, Any]]:
     """Queries with gold facts for ``rlkit index eval``: null queries have none and are left out."""
+    _require_queries(ds)
     return [{"query": row["query"], "facts": [e["fact"] for e in row["evidence_list"]]}
             for row in ds if row["evidence_list"]]
+
+
+def _require_queries(ds) -> None:
+    if "query" not in ds.column_names:
+        raise UserError("this split holds SFT trajectories (`messages`), not MultiHop-RAG queries; use a split of "
+                        "queries (e.g. --split eval)")
 
 
 def episode_metrics(completion: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, float]:
