@@ -147,12 +147,9 @@ def index_build(
     set_: list[str] = SetOpt,
 ) -> None:
     """Chunk and index the recipe's corpus (cached on disk by corpus + settings)."""
-    from rlkit.recipe import load_recipe
     from rlkit.retrieval import build_retriever
 
-    spec = load_recipe(recipe, set_ or [], smoke=smoke, validate_trainer=False)
-    if spec.retrieval is None:
-        raise UserError(f"{recipe}: no `retrieval:` section to index")
+    spec = _retrieval_recipe(recipe, set_, smoke)
     retriever = build_retriever(spec.retrieval, model_name=spec.model.name_or_path, rebuild=rebuild)
     how = f"built in {retriever.build_seconds:.1f}s" if retriever.built else "loaded from cache"
     _console().print(f"[green]index[/] {len(retriever)} chunks, {how}: {retriever.path}")
@@ -170,13 +167,10 @@ def index_eval(
     from rich.table import Table
 
     from rlkit.data import get_task, load_rows
-    from rlkit.recipe import load_recipe
     from rlkit.retrieval import build_retriever
     from rlkit.retrieval import evaluate as evaluate_retrieval
 
-    spec = load_recipe(recipe, set_ or [], smoke=smoke, validate_trainer=False)
-    if spec.retrieval is None:
-        raise UserError(f"{recipe}: no `retrieval:` section to evaluate")
+    spec = _retrieval_recipe(recipe, set_, smoke)
     if split not in ("eval", "train"):
         raise UserError(f"--split {split!r}: use eval or train")
     task = get_task(spec.data.task)
@@ -198,6 +192,15 @@ def index_eval(
     for key, value in metrics.items():
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     _console().print(table)
+
+
+def _retrieval_recipe(recipe: Path, overrides: list[str] | None, smoke: bool):
+    from rlkit.recipe import load_recipe
+
+    spec = load_recipe(recipe, overrides or [], smoke=smoke, validate_trainer=False)
+    if spec.retrieval is None:
+        raise UserError(f"{recipe}: no `retrieval:` section")
+    return spec
 
 
 def print_eval(results: dict) -> None:

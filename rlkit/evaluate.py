@@ -137,8 +137,12 @@ def _write(results: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _default_out(name: str, run_dir: Path | None, label: str) -> Path:
-    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(label).name).strip("_") or "model"
-    return (run_dir / "eval" if run_dir else Path("evals") / name) / f"{tag}.json"
+    return (run_dir / "eval" if run_dir else Path("evals") / name) / f"{model_tag(label)}.json"
+
+
+def model_tag(label: str) -> str:
+    """A file-name-safe tag for a model label (a path, a Hub id or a served model name)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(label).name).strip("_") or "model"
 
 
 def load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple[Any, Any, str]:

@@ -551,7 +551,6 @@ def _is_adapter(path: Path) -> bool:
 
 
 def _default_dir(name: str, run_dir: Path | None, label: str) -> Path:
-    import re
+    from rlkit.evaluate import model_tag
 
-    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", label.rstrip("/").rpartition("/")[2]).strip("_") or "model"
-    return (run_dir / "rollouts" if run_dir else Path("rollouts") / name) / tag
+    return (run_dir / "rollouts" if run_dir else Path("rollouts") / name) / model_tag(label)
