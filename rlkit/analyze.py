@@ -3,7 +3,11 @@
 Sections: answer quality (EM / F1 / accuracy, reward, success rate) per ``question_type``; rounds
 and tool calls per episode; token usage in the last turn and summed over the episode; each of these
 for all episodes and split by the ``success`` flag; per-tool calls and failures; episode errors by
-message prefix (the text before the first colon: "timeout", "endpoint error"); turn finish reasons.
+message prefix (the text before the first colon: "timeout", "endpoint error"); turn finish reasons;
+thinking per assistant turn (every assistant message in ``messages``): the share of turns with a
+well-formed think block and the think length in tokens, both as ``rlkit.rewards.think`` defines them
+(``think_spans``, ``approx_tokens``; a turn without thinking is 0 tokens, a malformed one counts every
+block it holds, an unclosed one to its end), for all episodes and split by ``success``.
 A record without ``success: true`` counts as a failure; means of EM / F1 / accuracy / reward are
 over the episodes that have them; p90 interpolates linearly between order statistics (numpy's default).
 
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlkit.errors import UserError
+from rlkit.rewards.think import approx_tokens, think_spans
 
 TRAJECTORIES = "trajectories.jsonl"
 QUALITY = ("em", "f1", "accuracy")
@@ -52,6 +57,7 @@ def analyze(path: str | Path) -> dict[str, Any]:
         "answers": {name: _quality([e for e in episodes if e["question_type"] == name]) for name in types}
         | {"all": _quality(episodes)},
         "outcomes": {split: _quality(group) | _shape(group) for split, group in by_outcome.items()},
+        "thinking": {split: _thinking(group) for split, group in by_outcome.items()},
         "tools": {name: _tool_stats(calls) for name, calls in sorted(tools.items())},
         "errors": _counts(e["error"].partition(":")[0].strip() for e in episodes if e["error"] is not None),
         "finish_reasons": _counts(reason for e in episodes for reason in e["finish_reasons"]),
@@ -90,6 +96,7 @@ def _episode(line: str, where: str) -> dict:
     if usage is None and turns:  # a record without `usage`: it is the sum over turns
         usage = {f"{kind}_tokens": sum(_number(t, f"{kind}_tokens", where) or 0 for t in turns) for kind in TOKENS}
     last, usage = turns[-1] if turns else {}, usage or {}
+    thinking = [think_spans(m) for m in record.get("messages") or [] if m.get("role") == "assistant"]
     rounds = record.get("rounds")
     if rounds is None:
         rounds = sum(message.get("role") == "assistant" for message in record.get("messages") or [])
@@ -105,6 +112,8 @@ def _episode(line: str, where: str) -> dict:
         "finish_reasons": [str(turn.get("finish_reason")) for turn in turns],
         "last_turn": {kind: _number(last, f"{kind}_tokens", where) for kind in TOKENS},
         "cumulative": {kind: _number(usage, f"{kind}_tokens", where) for kind in TOKENS},
+        "thinking": [(spans.well_formed, sum(approx_tokens(block.strip()) for block in spans.blocks))
+                     for spans in thinking],
     }
 
 
@@ -144,6 +153,13 @@ def _shape(episodes: list[dict]) -> dict[str, Any]:
             for scope in ("last_turn", "cumulative")
         },
     }
+
+
+def _thinking(episodes: list[dict]) -> dict[str, Any]:
+    """Assistant turns, the share with a well-formed think block, and think tokens per turn."""
+    turns = [turn for e in episodes for turn in e["thinking"]]
+    return {"turns": len(turns), "well_formed": _mean([float(good) for good, _ in turns]),
+            "think_tokens": _stats([length for _, length in turns])}
 
 
 def _stats(values: list) -> dict[str, Any]:
@@ -186,12 +202,15 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
 
     tokens = [[split, scope.replace("_", " "), kind, *_cells(outcomes[split]["tokens"][scope][kind], stats, digits=1)]
               for split in SPLITS for scope in ("last_turn", "cumulative") for kind in TOKENS]
+    thinking = [[split, *_cells(report["thinking"][split], ["turns", "well_formed"]),
+                 *_cells(report["thinking"][split]["think_tokens"], stats, digits=1)] for split in SPLITS]
     return [
         ("answers", ["question type", "n", "EM", "F1", "accuracy", "reward", "success rate"], answers),
         ("rounds per episode", ["episodes", "n", *stats, "histogram (rounds:episodes)"], distribution("rounds")),
         ("tool calls per episode", ["episodes", "n", *stats, "histogram (calls:episodes)"],
          distribution("tool_calls")),
         ("tokens per episode", ["episodes", "scope", "tokens", *stats], tokens),
+        ("thinking (think tokens per assistant turn)", ["episodes", "turns", "well-formed", *stats], thinking),
         ("tools", ["tool", "calls", "failures", "failure rate", "mean seconds"],
          [[name, *_cells(row, ["calls", "failures", "failure_rate", "mean_seconds"])]
           for name, row in report["tools"].items()]),

@@ -177,9 +177,11 @@ def test_markdown_tables(trajectories):
         "| calculator | 2 | 1 | 0.500 | 0.025 |",
         "| endpoint error | 1 |",
         "| tool_calls | 9 |",
+        "| episodes | turns | well-formed | mean | median | p90 | max |",
+        "| all | 17 | 0.000 | 0.0 | 0.0 | 0.0 | 0 |",  # no thinking anywhere: 17 assistant turns, share 0
     ]:
         assert row in markdown.splitlines()
-    assert markdown.count("\n## ") == 7
+    assert markdown.count("\n## ") == 8
 
 
 def test_main_prints_or_writes(trajectories, tmp_path, capsys):
@@ -195,10 +197,59 @@ def test_render_prints_every_section(trajectories):
     console = Console(file=io.StringIO(), width=200)
     render(analyze(trajectories), console)
     text = console.file.getvalue()
-    for title in ("answers", "rounds per episode", "tool calls per episode", "tokens per episode", "tools",
-                  "episode errors", "finish reasons"):
+    for title in ("answers", "rounds per episode", "tool calls per episode", "tokens per episode", "thinking",
+                  "tools", "episode errors", "finish reasons"):
         assert title in text
     assert "comparison_query" in text and "1:2 2:4 3:1 4:1" in text
+
+
+def assistant(content, **extra):
+    return {"role": "assistant", "content": content} | extra
+
+
+SEARCH = [{"type": "function", "function": {"name": "search", "arguments": {"query": "q"}}}]
+THINKING = [
+    # well-formed: reasoning_content (4 tokens), then a <think> block (2); the tool result is not read
+    episode(0, None, True, None, 1.0, [turn(10, 10, "tool_calls"), turn(20, 10, "stop")], [call("search", 0.1)],
+            messages=[{"role": "user", "content": "q"},
+                      assistant(None, reasoning_content="w w w w", tool_calls=SEARCH),
+                      {"role": "tool", "content": "<think>x y z</think>"},
+                      assistant("<think>\nw w\n</think>\n\n#### 4")]),
+    # unclosed (cut off: 10 tokens to the end), then no thinking (0)
+    episode(1, None, False, None, 0.0, [turn(10, 10, "tool_calls"), turn(20, 10, "stop")], [call("search", 0.1)],
+            messages=[assistant("<think>" + "w " * 10, tool_calls=SEARCH), {"role": "tool", "content": "doc"},
+                      assistant("#### 41")]),
+    # pre-filled <think> (3, well-formed), then two blocks (1 + 2 tokens, malformed)
+    episode(2, None, False, None, 0.0, [turn(10, 10, "stop"), turn(20, 10, "stop")], [],
+            messages=[assistant("w w w</think>x"), assistant("<think>a</think><think>b c</think>")]),
+]
+
+
+def test_thinking_per_assistant_turn(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in THINKING))
+    report = analyze(path)
+    # think tokens: success [4, 2]; failure [10, 0, 3, 3]; well-formed: success 2 of 2, failure 1 of 4
+    assert_close(report["thinking"], {
+        "all": {"turns": 6, "well_formed": 0.5,
+                "think_tokens": {"mean": 22 / 6, "median": 3.0, "p90": 7.0, "max": 10}},
+        "success": {"turns": 2, "well_formed": 1.0, "think_tokens": {"mean": 3.0, "median": 3.0, "p90": 3.8, "max": 4}},
+        "failure": {"turns": 4, "well_formed": 0.25,
+                    "think_tokens": {"mean": 4.0, "median": 3.0, "p90": 7.9, "max": 10}},
+    })
+    markdown = to_markdown(report).splitlines()
+    assert "## thinking (think tokens per assistant turn)" in markdown
+    assert "| failure | 4 | 0.250 | 4.0 | 3.0 | 7.9 | 10 |" in markdown
+    path.write_text(json.dumps(THINKING[0]) + "\n")
+    failure = analyze(path)["thinking"]["failure"]
+    assert failure == {"turns": 0, "well_formed": None,
+                       "think_tokens": {"mean": None, "median": None, "p90": None, "max": None}}
+
+
+def test_episodes_without_thinking(trajectories):
+    thinking = analyze(trajectories)["thinking"]
+    assert [thinking[split]["turns"] for split in ("all", "success", "failure")] == [17, 8, 9]
+    assert thinking["all"]["well_formed"] == 0.0 and thinking["all"]["think_tokens"]["max"] == 0
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,11 @@ PROMPTS = {
         "tool for any calculation you are not sure of, then give the final answer on the last line in the form "
         "`#### <number>`."
     ),
+    # For thinking mode (`enable_thinking: true`): the reasoning goes in the think block, kept short.
+    "thinking": (
+        "You are a careful math tutor. Think briefly: a few short steps are enough. Then give the final answer "
+        "on the last line in the form `#### <number>`."
+    ),
 }
 _CALC_ANNOTATION = re.compile(r"<<[^<>]*>>")
 

@@ -14,11 +14,14 @@ from collections.abc import Callable
 from rlkit.errors import UserError
 from rlkit.rewards.math import answer_format, gsm8k_correct
 from rlkit.rewards.qa import qa_correct
+from rlkit.rewards.think import short_think, think_format
 
 REWARDS: dict[str, Callable[..., list[float]]] = {
     "gsm8k_correct": gsm8k_correct,
     "qa_correct": qa_correct,
     "answer_format": answer_format,  # args `form: gsm8k` (default) or `form: answer_tag` (QA)
+    "think_format": think_format,  # args `partial: true` for the share of well-formed turns
+    "short_think": short_think,  # args `max_tokens`, `min_tokens`, `empty_score`, `tokenizer`
 }
 
 
