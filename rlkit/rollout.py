@@ -94,6 +94,9 @@ class Episode:
             self.tool_calls.append({"turn": len(self.turns), "name": name, "arguments": result.arguments,
                                     "content": result.content, "error": result.error,
                                     "seconds": round(result.seconds, 4)})
+            if result.timed_out:  # the call may still be running inside this env: the episode cannot go on
+                self.error, self.done = f"tool timeout: {name} {result.error}", True
+                return
 
 
 # ---------------------------------------------------------------------------------------------

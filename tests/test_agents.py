@@ -312,3 +312,46 @@ def test_endpoint_misconfiguration_stops_the_run_and_reasoning_is_kept(tmp_path)
     (tmp_path / "exists.jsonl").write_text("")
     with pytest.raises(UserError, match="already exists"):
         rollout(CALCULATOR, endpoint="http://127.0.0.1:9/v1", smoke=True, out=tmp_path / "exists.jsonl")
+
+
+class _SlowEnv:
+    def reset(self, **row):
+        self.metrics = {}
+
+    def wait(self, seconds: float) -> str:
+        """Wait.
+
+        Args:
+            seconds: how long
+        """
+        import time
+
+        time.sleep(seconds)
+        return "done"
+
+
+def test_a_tool_timeout_ends_the_episode_and_async_rewards_keep_their_kind(tmp_path, monkeypatch):
+    import inspect
+
+    from rlkit.rollout import EndpointPolicy, run_episodes
+    from rlkit.trainers.grpo import LogEnvMetrics, reward_functions
+
+    def reply(request):
+        return {"tool_calls": [{"name": "wait", "arguments": {"seconds": 0.0 if len(request["messages"]) < 2 else 1.0}}]}
+
+    rows = [{"prompt": [{"role": "user", "content": "wait"}]}]
+    with ScriptedServer(reply) as server:
+        policy = EndpointPolicy(server.url, api_key=None, served_model=None, max_new_tokens=8)
+        (episode,) = run_episodes(rows, _SlowEnv, policy, max_turns=5, tool_timeout=0.2, show_progress=False)
+    assert episode.error == "tool timeout: wait timed out after 0.2s" and episode.done
+    # The fast first call went on to a second turn; the slow second call ended the episode there.
+    assert len(server.requests) == 2 and episode.tool_calls[0]["error"] is None
+    assert episode.tool_calls[1]["error"] == "timed out after 0.2s"
+
+    # An async first reward stays async (TRL awaits it); the env metrics ride on the first sync one.
+    (tmp_path / "judge_rewards.py").write_text("async def judge(completions, **kwargs):\n    return [0.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = load_recipe(CALCULATOR, ["rewards=[{name: 'judge_rewards:judge'}, {name: gsm8k_correct}]"], smoke=True,
+                         validate_trainer=False)
+    judge, correct = reward_functions(recipe)
+    assert inspect.iscoroutinefunction(judge) and isinstance(correct, LogEnvMetrics)

@@ -119,6 +119,7 @@ class ToolResult:
     content: str
     error: str | None
     seconds: float
+    timed_out: bool = False
 
 
 def call_tool(env: Any, name: str, arguments: dict[str, Any] | str, timeout: float | None = None) -> ToolResult:
@@ -130,6 +131,7 @@ def call_tool(env: Any, name: str, arguments: dict[str, Any] | str, timeout: flo
     """
     start = time.perf_counter()
     parsed: dict[str, Any] = {}
+    timed_out = False
     try:
         parsed = _parse_arguments(arguments)
         tools = tools_of(env)
@@ -137,8 +139,12 @@ def call_tool(env: Any, name: str, arguments: dict[str, Any] | str, timeout: flo
             raise ValueError(f"Tool {name} not found; available tools: {', '.join(tools) or 'none'}")
         content, error = str(_run(tools[name], parsed, timeout)), None
     except Exception as e:  # as in TRL: a failed call is the model's tool result, never a crash
-        content, error = str({"error": str(e)}), str(e)
-    return ToolResult(name, parsed, content, error, time.perf_counter() - start)
+        content, error, timed_out = str({"error": str(e)}), str(e), isinstance(e, _ToolTimeout)
+    return ToolResult(name, parsed, content, error, time.perf_counter() - start, timed_out)
+
+
+class _ToolTimeout(TimeoutError):
+    """A tool call that overran its timeout (and may still be running)."""
 
 
 def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
@@ -167,7 +173,7 @@ def _run(tool: Callable[..., Any], arguments: dict[str, Any], timeout: float | N
     # that never returns would keep the process alive.
     threading.Thread(target=work, name=f"tool-{getattr(tool, '__name__', 'call')}", daemon=True).start()
     if not concurrent.futures.wait([future], timeout).done:
-        raise TimeoutError(f"timed out after {timeout:g}s")
+        raise _ToolTimeout(f"timed out after {timeout:g}s")
     return future.result()
 
 

@@ -32,11 +32,16 @@ def rlkit_fields(recipe: Any) -> dict[str, Any]:
 
 
 def reward_functions(recipe: Any) -> list:
+    import inspect
+
     from rlkit.rewards import resolve_reward
 
     funcs = [resolve_reward(r.name, r.args) for r in recipe.rewards]
     if recipe.env is not None:
-        funcs[0] = LogEnvMetrics(funcs[0])
+        # Wrap a synchronous reward: TRL decides sync vs async by inspecting the function it is given.
+        first_sync = next((i for i, f in enumerate(funcs) if not inspect.iscoroutinefunction(f)), None)
+        if first_sync is not None:
+            funcs[first_sync] = LogEnvMetrics(funcs[first_sync])
     return funcs
 
 
