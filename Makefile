@@ -36,4 +36,4 @@ lint: install
 	$(BIN)/ruff check rlkit tests
 
 clean:
-	rm -rf $(VENV) runs evals .pytest_cache
+	rm -rf $(VENV) runs evals rollouts .pytest_cache

@@ -145,6 +145,14 @@ def model_tag(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(label).name).strip("_") or "model"
 
 
+def sampling_kwargs(temperature: float | None, num_return_sequences: int = 1) -> dict[str, Any]:
+    """``generate`` kwargs: greedy at temperature 0/None, else plain sampling (no top-k/top-p truncation)."""
+    if not temperature:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
+            "num_return_sequences": num_return_sequences}
+
+
 def load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple[Any, Any, str]:
     """(model, tokenizer, label) for the eval target, always on the hf backend (batched generate)."""
     from rlkit import runs
@@ -155,7 +163,7 @@ def load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple
             return (*hf.load(recipe.model), recipe.model.name_or_path)
         return (*_base_plus_adapter(recipe, run_dir / "adapter"), f"{run_dir}/adapter")
     path = Path(model)
-    if runs.is_run_dir(path) or (path / "adapter_config.json").is_file():
+    if runs.holds_adapter(path):
         return (*_base_plus_adapter(recipe, hf.adapter_dir(path)), str(hf.adapter_dir(path)))
     spec = recipe.model.model_copy(update={"name_or_path": model, "load_in_4bit": False})
     return (*hf.load(spec), model)
@@ -192,10 +200,8 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
         for i in range(0, len(texts), batch_size):
             batch = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True,
                               add_special_tokens=False).to(device)
-            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
-                        "num_return_sequences": num_return_sequences} if temperature else {"do_sample": False}
             ids = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 **sampling)
+                                 **sampling_kwargs(temperature, num_return_sequences))
             new = ids[:, batch["input_ids"].shape[1]:]
             out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
             progress.advance(task, len(batch["input_ids"]))

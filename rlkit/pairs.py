@@ -11,13 +11,12 @@ the row's other columns, which a dpo recipe reads as ``data.train.path``.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from rlkit import runs
 from rlkit.errors import UserError
 
 log = logging.getLogger("rlkit")
@@ -68,12 +67,7 @@ def build_pairs(
     seconds = time.time() - started
     pairs, totals, tied = _pairs(rows, texts, spec.samples, spec.min_gap, rewards)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    with partial.open("w") as f:
-        for pair in pairs:
-            f.write(json.dumps(pair) + "\n")
-    os.replace(partial, out)  # never a half-written pairs file
+    runs.write_jsonl(pairs, out)  # never a half-written pairs file
     summary = {
         "recipe": recipe.name, "model": label, "out": str(out), "prompts": len(rows), "samples": spec.samples,
         "pairs": len(pairs), "min_gap": spec.min_gap, "tied_prompts": tied,

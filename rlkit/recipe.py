@@ -289,7 +289,7 @@ def validate(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
             try:
                 resolve_reward(spec.name, spec.args)
             except UserError as e:
-                raise UserError(f"{source}: rewards.{i}.name: {e}") from None
+                raise UserError(f"{source}: rewards.{i}: {e}") from None
     for key, why in RLKIT_OWNED_TRAINER_KEYS.items():
         if key in recipe.trainer:
             raise UserError(f"{source}: trainer.{key}: set by rlkit; {why}")

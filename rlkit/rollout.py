@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit import runs
 from rlkit.errors import UserError
+from rlkit.evaluate import sampling_kwargs
 
 log = logging.getLogger("rlkit")
 
@@ -124,8 +126,7 @@ class HFPolicy:
         self.model.eval()
         device = next(self.model.parameters()).device
         turns: list[Turn] = []
-        sampling = ({"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
-                    if self.temperature else {"do_sample": False})
+        sampling = sampling_kwargs(self.temperature)
         for start in range(0, len(conversations), self.batch_size):
             texts = [tok.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True,
                                              chat_template=self.template, **self.kwargs)
@@ -407,16 +408,6 @@ def score_episodes(episodes: list[Episode], recipe: Any) -> list[dict[str, Any]]
     return records
 
 
-def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
-    """Write atomically: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
 def sft_records(records: list[dict[str, Any]], tools: list[dict]) -> list[dict[str, Any]]:
     """Successful trajectories as SFT rows: ``messages`` plus ``tools`` (a JSON string, as TRL reads it)."""
     schema = json.dumps(tools)
@@ -444,20 +435,24 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
         raise UserError(f"--sft-out {sft_out}: already exists; choose a new file")
     if out is not None and Path(out).exists():
         raise UserError(f"--out {out}: already exists; choose a new file or delete it")
+    from rlkit.envs import make_factory
+
+    # Data and environment (its index) first: a bad split or corpus fails before a model loads.
+    rows, make_env = _episode_rows(recipe, split, limit), make_factory(recipe)
     policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
                                 served_model=served_model, backend=backend, temperature=temperature,
                                 max_new_tokens=max_new_tokens)
-    records = _play(recipe, split, limit, policy, tool_timeout, concurrency, show_progress)
+    records = _play(recipe, rows, make_env, policy, tool_timeout, concurrency, show_progress)
     path = Path(out) if out else _free_path(_default_dir(recipe.name, run_dir, label) / "trajectories.jsonl")
-    write_jsonl(records, path)
+    runs.write_jsonl(records, path)
     result: dict[str, Any] = {"path": str(path), "episodes": len(records),
                               "successes": sum(r["success"] for r in records)}
     if sft_out is not None:
-        from rlkit.envs import make_factory, tool_schemas
+        from rlkit.envs import tool_schemas
 
-        rows = sft_records(records, tool_schemas(make_factory(recipe)()))
-        write_jsonl(rows, Path(sft_out))
-        result.update(sft_path=str(sft_out), sft_rows=len(rows))
+        sft_rows = sft_records(records, tool_schemas(make_env()))
+        runs.write_jsonl(sft_rows, sft_out)
+        result.update(sft_path=str(sft_out), sft_rows=len(sft_rows))
     return result
 
 
@@ -465,14 +460,16 @@ def evaluate_agent(recipe: Any, run_dir: Path | None, model: str | None, *, limi
                    out: str | Path | None, show_progress: bool = True) -> dict[str, Any]:
     """``rlkit eval`` of an agent recipe: greedy rollouts on the eval split, scored like ``rlkit analyze``."""
     from rlkit.analyze import analyze
+    from rlkit.envs import make_factory
     from rlkit.evaluate import _default_out, _write
 
+    rows, make_env = _episode_rows(recipe, "eval", limit), make_factory(recipe)
     policy, label = make_policy(recipe, run_dir, model=model)
     started = time.time()
-    records = _play(recipe, "eval", limit, policy, 30.0, 8, show_progress)
+    records = _play(recipe, rows, make_env, policy, 30.0, 8, show_progress)
     results_path = Path(out) if out else _default_out(recipe.name, run_dir, label)
     trajectories = results_path.with_suffix(".trajectories.jsonl")
-    write_jsonl(records, trajectories)
+    runs.write_jsonl(records, trajectories)
     report = analyze(trajectories)
     overall = report["answers"]["all"]
     results = {"recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(records),
@@ -482,19 +479,21 @@ def evaluate_agent(recipe: Any, run_dir: Path | None, model: str | None, *, limi
     return _write(results, results_path)
 
 
-def _play(recipe: Any, split: str, limit: int | None, policy: Any, tool_timeout: float, concurrency: int,
-          show_progress: bool) -> list[dict[str, Any]]:
+def _episode_rows(recipe: Any, split: str, limit: int | None) -> list[dict[str, Any]]:
     from rlkit.data import load_rows, task_rows
-    from rlkit.envs import make_factory
 
     source = recipe.data.eval if split == "eval" else recipe.data.train
     if source is None:
         raise UserError(f"the recipe has no data.{split} split")
     if limit:
         source = source.model_copy(update={"limit": limit})
-    rows = task_rows(recipe, "eval", load_rows(recipe.data.task, source)).to_list()
-    episodes = run_episodes(rows, make_factory(recipe), policy, max_turns=recipe.env.max_turns,
-                            tool_timeout=tool_timeout, concurrency=concurrency, show_progress=show_progress)
+    return task_rows(recipe, "eval", load_rows(recipe.data.task, source)).to_list()
+
+
+def _play(recipe: Any, rows: list[dict[str, Any]], make_env: Callable[[], Any], policy: Any, tool_timeout: float,
+          concurrency: int, show_progress: bool) -> list[dict[str, Any]]:
+    episodes = run_episodes(rows, make_env, policy, max_turns=recipe.env.max_turns, tool_timeout=tool_timeout,
+                            concurrency=concurrency, show_progress=show_progress)
     return score_episodes(episodes, recipe)
 
 
@@ -519,7 +518,7 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
 
         if not cuda_available():
             raise UserError("--backend vllm needs a CUDA GPU and this machine has none; use --backend hf")
-        adapter = hf.adapter_dir(Path(model)) if model and _is_adapter(Path(model)) else (
+        adapter = hf.adapter_dir(Path(model)) if model and runs.holds_adapter(model) else (
             run_dir / "adapter" if run_dir and not model else None)
         base = resolve_model_id(recipe.model.name_or_path) if adapter or not model else model
         tokenizer = hf.load_tokenizer(str(adapter) if adapter else base)
@@ -545,12 +544,6 @@ def _free_path(path: Path) -> Path:
         n += 1
         candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
     return candidate
-
-
-def _is_adapter(path: Path) -> bool:
-    from rlkit import runs
-
-    return runs.is_run_dir(path) or (path / "adapter_config.json").is_file()
 
 
 def _default_dir(name: str, run_dir: Path | None, label: str) -> Path:

@@ -74,6 +74,25 @@ def is_run_dir(path: str | Path) -> bool:
     return (Path(path) / RESOLVED).is_file()
 
 
+def holds_adapter(path: str | Path) -> bool:
+    """A run directory or an adapter directory (as opposed to a model id or a merged model)."""
+    return is_run_dir(path) or (Path(path) / "adapter_config.json").is_file()
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
+    """Write JSON lines atomically: a reader never sees half a file."""
+    import json
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS
     if not path.is_file():

@@ -361,9 +361,9 @@ def test_args_on_a_user_reward_are_named_after_the_function():
 
 def test_a_reward_with_args_pickles():
     # TRL's async GRPO sends reward functions to a spawned process.
-    reward = pickle.loads(pickle.dumps(resolve_reward("gsm8k_correct", {"unused": True})))
-    assert reward.__name__ == "gsm8k_correct"
-    assert reward(completions=["#### 3", "#### 4"], answer=["3", "3"]) == [1.0, 0.0]
+    reward = pickle.loads(pickle.dumps(resolve_reward("qa_correct", {"scale": 3.0, "metric": "em"})))
+    assert reward.__name__ == "qa_correct"
+    assert reward(completions=["<answer>Paris</answer>", "<answer>Rome</answer>"], answer=["Paris"] * 2) == [3.0, 0.0]
 
 
 def test_args_on_an_async_reward_are_refused(monkeypatch):
@@ -447,3 +447,24 @@ def _strip_think_by_hand(text):
 @given(st.lists(st.sampled_from(["<think>", "</think>", "a", "1", "\n"])).map("".join))
 def test_strip_think_follows_the_tags_left_to_right(text):
     assert strip_think(text) == _strip_think_by_hand(text)
+
+
+@pytest.mark.parametrize("name, args, expected", [
+    ("short_think", {"max_token": 300},
+     "args.max_token: reward 'short_think' takes no argument 'max_token' (did you mean 'max_tokens'?); "
+     "its settings: max_tokens, min_tokens, empty_score, tokenizer"),
+    ("qa_correct", {"metric": "em2"}, "args: qa_correct: unknown metric 'em2'; valid: em, f1"),
+    ("short_think", {"max_tokens": 0}, "args: short_think: need 0 <= min_tokens < max_tokens"),
+    ("answer_format", {"form": "xml"}, "args: answer_format: unknown form 'xml'; valid: answer_tag, gsm8k"),
+    ("gsm8k_correct", {"answer": 3}, "args.answer: reward 'gsm8k_correct' is filled from the data, not set in `args:`"),
+])
+def test_reward_args_are_checked_when_the_recipe_loads(name, args, expected):
+    with pytest.raises(UserError) as e:
+        resolve_reward(name, args)
+    assert str(e.value).startswith(expected), str(e.value)
+
+
+def test_user_rewards_may_read_settings_from_kwargs(tmp_path, monkeypatch):
+    (tmp_path / "kw_rewards.py").write_text("def f(completions, **kwargs):\n    return [kwargs['bonus']] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert resolve_reward("kw_rewards:f", {"bonus": 0.5})(completions=["a", "b"]) == [0.5, 0.5]

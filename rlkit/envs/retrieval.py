@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.errors import UserError
-from rlkit.retrieval.corpus import readable_date
+from rlkit.retrieval.corpus import byline
 
 
 class RetrievalEnv:
@@ -58,8 +58,8 @@ class RetrievalEnv:
 
 def format_passage(number: int, passage: Any) -> str:
     """A passage as the `search` tool shows it: `[n] Title (Source, October 5, 2023)`, then the text."""
-    byline = ", ".join(part for part in (passage.source, readable_date(passage.published_at)) if part)
-    header = f"[{number}] {passage.title}" + (f" ({byline})" if byline else "")
+    by = byline(passage.source, passage.published_at)
+    header = f"[{number}] {passage.title}" + (f" ({by})" if by else "")
     return f"{header}\n{passage.text.strip()}"
 
 

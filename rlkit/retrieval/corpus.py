@@ -78,6 +78,11 @@ def corpus_identity(spec: Any) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "format": resolve_format(path, spec.format)}
 
 
+def byline(source: str | None, published_at: str | None) -> str:
+    """"BBC News, October 5, 2023": the outlet and date the way questions name them (either may be missing)."""
+    return ", ".join(part for part in (source, readable_date(published_at)) if part)
+
+
 def readable_date(value: str | None) -> str | None:
     """An ISO 8601 timestamp written the way questions write dates ("October 5, 2023"); other text as given."""
     if not value:

@@ -31,7 +31,7 @@ from typing import Any
 
 from rlkit.errors import UserError
 from rlkit.retrieval.chunking import Chunk, chunk_documents, load_tokenizer
-from rlkit.retrieval.corpus import corpus_identity, load_documents, readable_date
+from rlkit.retrieval.corpus import byline, corpus_identity, load_documents
 
 INDEX_VERSION = "rlkit-index-v1"  # bump when the files or the indexed text change
 FUSION_DEPTH = 100  # hybrid: candidates taken from each ranking before fusion
@@ -220,8 +220,7 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def _indexed_text(chunk: Chunk) -> str:
-    byline = ", ".join(part for part in (chunk.source, readable_date(chunk.published_at)) if part)
-    return "\n".join(part for part in (chunk.title, byline, chunk.text) if part)
+    return "\n".join(part for part in (chunk.title, byline(chunk.source, chunk.published_at), chunk.text) if part)
 
 
 def _bm25_tokens(texts: list[str], ids: bool):

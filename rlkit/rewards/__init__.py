@@ -45,7 +45,39 @@ def resolve_reward(name: str, args: dict | None = None) -> Callable[..., list[fl
             f"reward {name!r} is async, which rlkit cannot bind `args:` to; "
             "read them inside the function instead"
         )
+    _check_args(name, func, args)
     return _WithArgs(func, name.rpartition(":")[2], args)
+
+
+def _check_args(name: str, func: Callable, args: dict) -> None:
+    """Refuse `args:` the reward would never read, and (for rlkit's own rewards) values it would reject.
+
+    Rewards take ``**kwargs`` (TRL passes every dataset column), so a misspelt argument would otherwise be
+    swallowed silently: rlkit's rewards take only their named settings. User functions that take
+    ``**kwargs`` may read anything from it, so only their named columns are refused.
+    """
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return
+    # Settings are the parameters with defaults; the ones without are columns TRL fills per batch.
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    settings = [p for p, v in params.items() if v.kind in kinds and v.default is not v.empty]
+    columns = [p for p, v in params.items() if v.kind in kinds and v.default is v.empty]
+    takes_any = any(v.kind is inspect.Parameter.VAR_KEYWORD for v in params.values())
+    for key in args:
+        if key not in settings and (name in REWARDS or not takes_any):  # user code may read **kwargs itself
+            close = difflib.get_close_matches(key, settings, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            what = "is filled from the data, not set in `args:`" if key in columns else f"takes no argument {key!r}"
+            raise UserError(f"args.{key}: reward {name!r} {what}{hint}; its settings: {', '.join(settings) or 'none'}")
+    if name in REWARDS:
+        # rlkit's rewards check their settings before reading any completion: an empty batch shows a bad value.
+        required = {p: [] for p in columns if p != "completions"}
+        try:
+            func(prompts=[], completions=[], **required, **args)
+        except ValueError as e:
+            raise UserError(f"args: {e}") from None
 
 
 def _suggestion(name: str) -> str:

@@ -33,7 +33,7 @@ def load_score_model(recipe: Any, ref: str | Path, tokenizer: Any = None, *, tra
     from rlkit.errors import UserError
 
     path = Path(ref)
-    if runs.is_run_dir(path) or (path / "adapter_config.json").is_file():
+    if runs.holds_adapter(path):
         directory = hf.adapter_dir(path)
         run_dir = directory.parent if runs.is_run_dir(directory.parent) else None
         spec = recipe.model
