@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from rlkit.errors import UserError
+from rlkit.errors import Interrupted, UserError
 
 app = typer.Typer(help="Post-train language models with SFT, DPO, reward models, PPO and GRPO from one YAML recipe.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -33,12 +33,28 @@ def train(
     smoke: bool = SmokeOpt,
     output_dir: Path = typer.Option(None, "--output-dir", help="Run directory (default runs/<name>)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty run directory."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory from its latest "
+                                "complete checkpoint."),
 ) -> None:
-    """Train the recipe; writes the run directory (adapter, metrics, resolved recipe)."""
+    """Train the recipe; writes the run directory (adapter, metrics, plots, report, resolved recipe).
+
+    Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and says how to --resume.
+    """
     from rlkit.train import train as run_train
 
-    run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite)
+    run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite, resume=resume)
     _console().print(f"[green]run directory:[/] {run_dir}")
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run directory from `rlkit train`.")) -> None:
+    """Charts (RUN/plots/*.png) and RUN/report.md from a run's metrics and evaluations."""
+    from rlkit.report import render, write_report
+
+    summary = write_report(run_dir)
+    console = _console()
+    render(summary, console)
+    console.print(f"report: {summary['report']} ({len(summary['plots'])} plots in {Path(run_dir) / 'plots'})")
 
 
 @app.command("eval")
@@ -331,21 +347,37 @@ def _console():
 
 
 def _setup_logging() -> None:
+    """Rich log lines on a terminal; plain, unwrapped, timestamped lines in a log file or a pipe."""
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    from rich.logging import RichHandler
+    from rlkit.progress import console, interactive
+    from rlkit.secrets import RedactingFilter
 
-    handler = RichHandler(show_path=False, show_time=False, markup=False)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
+    if interactive():
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=console(), show_path=False, show_time=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no tqdm bars (model loading, downloads)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.addFilter(RedactingFilter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
 
 
 def main() -> None:
     _setup_logging()
+    from rlkit.secrets import redact
+
     try:
         app()
     except UserError as e:
-        print(f"rlkit: error: {e}", file=sys.stderr)
+        print(f"rlkit: error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as e:
+        print(f"rlkit: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

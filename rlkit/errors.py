@@ -7,3 +7,11 @@ bug and keeps its traceback.
 
 class UserError(Exception):
     """A problem with the user's input, with the message they need to fix it."""
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint; the message says how to resume."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

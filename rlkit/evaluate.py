@@ -83,8 +83,8 @@ def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, 
                           out: str | Path | None, show_progress: bool = True) -> dict[str, Any]:
     """Pairwise accuracy of a reward model: the share of eval pairs where chosen outscores rejected."""
     import torch
-    from rich.progress import Progress
 
+    from rlkit import progress
     from rlkit.data import load_preference_rows
     from rlkit.trainers.reward import load_score_model
 
@@ -106,8 +106,7 @@ def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, 
     started = time.time()
     scores: dict[str, list[float]] = {"chosen": [], "rejected": []}
     size = recipe.eval.batch_size
-    with Progress(disable=not show_progress, transient=True) as progress, torch.inference_mode():
-        bar = progress.add_task("scoring pairs", total=len(rows))
+    with progress.bar("scoring pairs", len(rows), show=show_progress) as advance, torch.inference_mode():
         for i in range(0, len(rows), size):
             batch = rows.select(range(i, min(i + size, len(rows))))
             for side in scores:
@@ -115,7 +114,7 @@ def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, 
                 enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
                                 max_length=recipe.model.max_seq_length, add_special_tokens=False)
                 scores[side].extend(scorer(**enc.to(scorer.device)).logits[:, 0].float().tolist())
-            progress.advance(bar, len(batch))
+            advance(len(batch))
     wins = [c > r for c, r in zip(scores["chosen"], scores["rejected"], strict=True)]
     margins = [c - r for c, r in zip(scores["chosen"], scores["rejected"], strict=True)]
     label = str(target)
@@ -187,7 +186,8 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
     With ``num_return_sequences=k`` the result holds k completions per prompt, prompt by prompt.
     """
     import torch
-    from rich.progress import Progress
+
+    from rlkit import progress
 
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **chat_template_kwargs)
              for p in prompts]
@@ -195,8 +195,7 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
     model.eval()
     device = next(model.parameters()).device
     out: list[str] = []
-    with Progress(disable=not show_progress, transient=True) as progress, torch.inference_mode():
-        task = progress.add_task(description, total=len(texts))
+    with progress.bar(description, len(texts), show=show_progress) as advance, torch.inference_mode():
         for i in range(0, len(texts), batch_size):
             batch = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True,
                               add_special_tokens=False).to(device)
@@ -204,5 +203,5 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
                                  **sampling_kwargs(temperature, num_return_sequences))
             new = ids[:, batch["input_ids"].shape[1]:]
             out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
-            progress.advance(task, len(batch["input_ids"]))
+            advance(len(batch["input_ids"]))
     return out

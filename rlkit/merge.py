@@ -77,6 +77,8 @@ def merge(
     """Merge the adapter of ``source`` (a run or adapter directory) into ``out``; returns the report."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from rlkit import progress as progress_
+
     if base not in BASE_MODES:
         raise UserError(f"--base: expected one of {', '.join(BASE_MODES)}, got {base!r}")
     if dtype not in DTYPES:
@@ -90,7 +92,8 @@ def merge(
     started = time.time()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     try:
-        with Progress(*columns, disable=not show_progress, transient=True) as progress:
+        with Progress(*columns, disable=not (show_progress and progress_.interactive()), transient=True,
+                      console=progress_.console()) as progress:
             with _stage(progress, seconds, "load base"):
                 model = load_base(src.spec, base)
             with _stage(progress, seconds, "merge"):

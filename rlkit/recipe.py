@@ -439,6 +439,9 @@ def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>") ->
         raise UserError(f"{source}: trainer: {cls.__name__} rejected the settings: {str(e).splitlines()[0]}") from None
     if hasattr(algo, "check_config"):  # what the trainer, not the config class, would reject
         algo.check_config(config, source)
+    from rlkit.tracking import check as check_trackers
+
+    check_trackers(config.report_to or [], source)
     return config
 
 

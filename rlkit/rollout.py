@@ -247,7 +247,9 @@ def _fatal_errors() -> tuple[type[Exception], ...]:
 
 
 def _describe(error: Exception) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    from rlkit.secrets import redact
+
+    text = redact(str(error).strip().splitlines()[0]) if str(error).strip() else ""
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -325,8 +327,7 @@ def _until_eos(ids: list[int], eos: int) -> list[int]:
 def run_episodes(rows: Sequence[dict[str, Any]], make_env: Callable[[], Any], policy: Any, *, max_turns: int,
                  tool_timeout: float | None = 30.0, concurrency: int = 8, show_progress: bool = True) -> list[Episode]:
     """Run one episode per row to the end; returns them in row order."""
-    from rich.progress import Progress
-
+    from rlkit import progress
     from rlkit.envs import tool_schemas
 
     episodes = []
@@ -340,17 +341,15 @@ def run_episodes(rows: Sequence[dict[str, Any]], make_env: Callable[[], Any], po
     if not episodes:
         return episodes
     tools = tool_schemas(episodes[0].env)
-    with Progress(disable=not show_progress, transient=True) as progress:
-        bar = progress.add_task("rollouts", total=len(episodes))
+    with progress.bar("rollouts", len(episodes), show=show_progress) as advance:
         if policy.concurrent:
-            asyncio.run(_run_concurrent(episodes, policy, tools, max_turns, tool_timeout, concurrency,
-                                        lambda: progress.advance(bar)))
+            asyncio.run(_run_concurrent(episodes, policy, tools, max_turns, tool_timeout, concurrency, advance))
         else:
             while live := [e for e in episodes if not e.done]:
                 for episode, turn in zip(live, policy.generate([e.messages for e in live], tools), strict=True):
                     episode.take(turn, max_turns=max_turns, tool_timeout=tool_timeout)
                     if episode.done:
-                        progress.advance(bar)
+                        advance()
     return episodes
 
 
@@ -506,7 +505,10 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
     max_new_tokens = max_new_tokens or recipe.eval.max_new_tokens
     kwargs = recipe.model.chat_template_kwargs
     if endpoint:
+        from rlkit import secrets
+
         key = api_key or os.environ.get("OPENAI_API_KEY")  # read, never written anywhere
+        secrets.register(key)  # masked in logs, errors and trajectories from here on
         # The recipe's chat_template_kwargs are the student's; a teacher endpoint gets its own defaults.
         policy = EndpointPolicy(endpoint, api_key=key, served_model=served_model, max_new_tokens=max_new_tokens,
                                 temperature=temperature)

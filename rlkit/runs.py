@@ -2,8 +2,10 @@
 
     RUN/recipe.resolved.yaml   recipe after overrides/smoke, model as loaded, versions, git sha
     RUN/metrics.jsonl          one JSON object per logging step, with `step`
-    RUN/checkpoints/           TRL checkpoints
+    RUN/checkpoints/           TRL checkpoints; a complete one holds COMPLETE (written after the save)
     RUN/adapter/               the final PEFT adapter + tokenizer
+    RUN/plots/, RUN/report.md  charts and summary (``rlkit report``)
+    RUN/wandb/, RUN/tensorboard/  tracker logs, when ``trainer.report_to`` names them
 
 merge, eval and analyze read this directory instead of asking the user again.
 """
@@ -11,6 +13,7 @@ merge, eval and analyze read this directory instead of asking the user again.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import subprocess
@@ -22,21 +25,114 @@ import yaml
 
 from rlkit.errors import UserError
 
+log = logging.getLogger("rlkit")
+
 RESOLVED = "recipe.resolved.yaml"
 METRICS = "metrics.jsonl"
+COMPLETE = "rlkit-complete.json"
+# What a run writes before its first checkpoint: a directory holding only these was never worth keeping.
+_SETUP_FILES = {RESOLVED, METRICS, "checkpoints", "wandb", "tensorboard", "plots", "report.md"}
+# Recipe keys that may change when a run resumes; anything else would make it a different run.
+RESUMABLE_CHANGES = ("trainer.max_steps", "trainer.num_train_epochs", "trainer.save_steps", "trainer.logging_steps",
+                     "trainer.save_total_limit", "trainer.report_to")
 _PACKAGES = ("rlkit", "trl", "transformers", "peft", "torch", "accelerate", "datasets", "bitsandbytes",
              "unsloth", "vllm")
 
 
 def prepare(run_dir: Path, overwrite: bool) -> Path:
-    """Create an empty run directory; refuse to mix a new run into an old one."""
+    """Create an empty run directory; refuse to mix a new run into an old one.
+
+    A run that stopped before its first checkpoint (killed while loading, say) left nothing worth
+    keeping, so it is replaced without ``--overwrite``: it never blocks a retry.
+    """
     if run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
+        if overwrite:
+            shutil.rmtree(run_dir)
+        elif _nothing_to_keep(run_dir):
+            log.warning("%s: replacing an unfinished run that has no checkpoint", run_dir)
+            shutil.rmtree(run_dir)
+        elif checkpoints(run_dir) and not (run_dir / "adapter").exists():
+            raise UserError(f"{run_dir}: holds an unfinished run (last complete checkpoint: "
+                            f"{checkpoints(run_dir)[-1].name}); pass --resume to continue it, --overwrite to start "
+                            "again, or --output-dir to write elsewhere")
+        else:
             raise UserError(f"{run_dir}: run directory is not empty; pass --overwrite to replace it "
                             "or --output-dir to write elsewhere")
-        shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def _nothing_to_keep(run_dir: Path) -> bool:
+    names = {p.name for p in run_dir.iterdir()}
+    return RESOLVED in names and names <= _SETUP_FILES and not checkpoints(run_dir)
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first (a half-written one has no COMPLETE file)."""
+    return sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if (p / COMPLETE).is_file()),
+                  key=_step_of)
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.rpartition("-")[2])
+    except ValueError:
+        return -1
+
+
+def resume_point(run_dir: Path, recipe: dict[str, Any]) -> Path:
+    """The checkpoint to continue from; removes half-written checkpoints and metrics logged after it."""
+    if not is_run_dir(run_dir):
+        raise UserError(f"{run_dir}: no run to resume there; drop --resume to start one")
+    complete = checkpoints(run_dir)
+    if not complete:
+        raise UserError(f"{run_dir}: no complete checkpoint to resume from (one is saved every trainer.save_steps "
+                        "steps); pass --overwrite instead of --resume to start again")
+    _check_same_run(run_dir, recipe)
+    latest = complete[-1]
+    for partial in (run_dir / "checkpoints").glob("checkpoint-*"):
+        if partial not in complete:
+            log.warning("%s: half-written checkpoint, removed", partial)
+            shutil.rmtree(partial)
+    step = _step_of(latest)
+    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step and "train_runtime" not in r]
+    write_jsonl(rows, run_dir / METRICS)  # the resumed run logs the later steps again
+    return latest
+
+
+def _check_same_run(run_dir: Path, recipe: dict[str, Any]) -> None:
+    from rlkit.secrets import scrub
+
+    old = {k: v for k, v in read_resolved(run_dir).items() if k != "provenance"}
+    changed = [k for k in sorted(set(_flatten(old)) | set(_flatten(scrub(recipe))))
+               if _flatten(old).get(k) != _flatten(scrub(recipe)).get(k) and k not in RESUMABLE_CHANGES]
+    if changed:
+        raise UserError(f"{run_dir}: the recipe changed since this run started ({', '.join(changed[:5])}); "
+                        f"resume with the same recipe and --set flags, or start a new run with --output-dir")
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def checkpoint_callback() -> Any:
+    """A TrainerCallback writing COMPLETE into each checkpoint once everything in it is saved."""
+    from transformers import TrainerCallback
+
+    class MarkComplete(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if path.is_dir():
+                (path / COMPLETE).write_text(json.dumps({"step": state.global_step, "max_steps": state.max_steps}))
+
+    return MarkComplete()
 
 
 def versions() -> dict[str, str | None]:
@@ -58,9 +154,13 @@ def git_sha() -> str | None:
     return res.stdout.strip() or None
 
 
-def write_resolved(run_dir: Path, recipe: dict[str, Any], provenance: dict[str, Any]) -> None:
-    doc = {**recipe, "provenance": {**provenance, "versions": versions(), "git_sha": git_sha()}}
+def write_resolved(run_dir: Path, recipe: dict[str, Any], provenance: dict[str, Any]) -> dict[str, Any]:
+    """Write what the run is (secrets masked); returns the document written."""
+    from rlkit.secrets import scrub
+
+    doc = scrub({**recipe, "provenance": {**provenance, "versions": versions(), "git_sha": git_sha()}})
     (run_dir / RESOLVED).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return doc
 
 
 def read_resolved(run_dir: str | Path) -> dict[str, Any]:
@@ -80,16 +180,17 @@ def holds_adapter(path: str | Path) -> bool:
 
 
 def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Write JSON lines atomically: a reader never sees half a file."""
-    import json
+    """Write JSON lines atomically: a reader never sees half a file. Known secrets are masked."""
     import os
+
+    from rlkit.secrets import redact
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
     with partial.open("w", encoding="utf-8") as f:
         for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
     os.replace(partial, path)
 
 

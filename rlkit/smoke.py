@@ -55,7 +55,8 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     put(model, "name_or_path", TINY_MODEL, "model.name_or_path")
     put(model, "backend", "hf", "model.backend")
     put(model, "load_in_4bit", False, "model.load_in_4bit")
-    put(model, "max_seq_length", 512, "model.max_seq_length")
+    # Agent prompts carry a system prompt and tool schemas (~550 tokens) plus room for tool rounds.
+    put(model, "max_seq_length", 1024 if data.get("env") else 512, "model.max_seq_length")
     put(model, "attn_implementation", "eager", "model.attn_implementation")
     if isinstance(data.get("lora"), dict):
         put(data["lora"], "r", 8, "lora.r")

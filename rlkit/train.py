@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import shutil
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlkit.errors import UserError
+from rlkit.errors import Interrupted, UserError
 
 log = logging.getLogger("rlkit")
 
@@ -24,11 +29,18 @@ def train(
     smoke: bool = False,
     output_dir: str | Path | None = None,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> Path:
-    """Train one recipe; returns the run directory (adapter in ``RUN/adapter``)."""
+    """Train one recipe; returns the run directory (adapter in ``RUN/adapter``).
+
+    ``resume`` continues the run in the output directory from its latest complete checkpoint
+    (weights, optimizer, scheduler, RNG and data position, as transformers restores them).
+    """
     from rlkit import backends, runs
     from rlkit.recipe import backend_request, cuda_available, load_recipe, trainer_config
 
+    if resume and overwrite:
+        raise UserError("--resume continues the run in the output directory and --overwrite deletes it; choose one")
     recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
     for change in recipe.smoke_changes:
         log.info("smoke: %s", change)
@@ -36,12 +48,28 @@ def train(
     trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path))
     _check_machine(recipe, trainer_cfg, backend, cuda_available())
 
+    if resume and recipe.algorithm == "ppo":
+        raise UserError("--resume: TRL's PPOTrainer (trl.experimental) cannot resume from a checkpoint; start again "
+                        "with --overwrite, or continue from the checkpoint's adapter with --set init_from=...")
     run_dir = Path(output_dir) if output_dir else default_run_dir(recipe, smoke)
-    runs.prepare(run_dir, overwrite)
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # to remove again on a user error
+    if resume:
+        checkpoint = runs.resume_point(run_dir, recipe.to_dict())
+        log.info("resuming %s from %s", run_dir, checkpoint.name)
+    else:
+        runs.prepare(run_dir, overwrite)
+        checkpoint = None
+    again = ["rlkit", "train", str(recipe_path), "--resume", *(["--smoke"] if smoke else []),
+             *(["--output-dir", str(output_dir)] if output_dir else []),
+             *(arg for o in overrides or [] for arg in ("--set", o))]
     try:
-        return _run(recipe, run_dir, backend, smoke, str(recipe_path))
+        return _run(recipe, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
     except UserError:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
+        if not runs.checkpoints(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
+            for parent in created[1:]:
+                if parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
         raise
 
 
@@ -56,23 +84,119 @@ def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
                         "(trl#4973); use backend: unsloth, a 16-bit base, or use_vllm: false")
 
 
-def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str) -> Path:
+def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, checkpoint: Path | None,
+         resume_command: str) -> Path:
+    from rlkit import runs
+
     started = time.time()
-    trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source)
+    trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
-    trainer.train()
-    trainer.save_model(str(run_dir / "adapter"))
-    # Continuing from init_from with a KL reference, TRL keeps a frozen copy of the starting adapter
-    # named "ref", and PEFT saves every adapter: the run's adapter is the trained one alone.
-    shutil.rmtree(run_dir / "adapter" / "ref", ignore_errors=True)
-    tokenizer.save_pretrained(str(run_dir / "adapter"))
+    stop = _stop_on_signal()
+    trainer.add_callback(stop)
+    try:
+        with stop.installed():
+            trainer.train(**({"resume_from_checkpoint": str(checkpoint)} if checkpoint else {}))
+    except _Stopped:
+        pass
+    state = trainer.state
+    if stop.signum is not None and state.global_step < state.max_steps:
+        _report(run_dir)
+        saved = runs.checkpoints(run_dir)
+        where = f"checkpoint saved in {saved[-1]}" if saved else "no checkpoint was saved"
+        name = signal.Signals(stop.signum).name
+        then = f"resume with: {resume_command}"
+        if recipe.algorithm == "ppo" and saved:
+            then = f"PPO cannot resume; continue from the checkpoint's adapter with --set init_from={saved[-1]}"
+        raise Interrupted(f"{name}: stopped at step {state.global_step}/{state.max_steps}; {where}; {then}",
+                          128 + stop.signum)
+    _save_adapter(trainer, tokenizer, run_dir / "adapter")
     log.info("done in %.1fs: adapter in %s", time.time() - started, run_dir / "adapter")
+    _report(run_dir)
+    from rlkit.tracking import wandb_offline_dir
+
+    if (offline := wandb_offline_dir(run_dir)) and "wandb" in trainer.args.report_to:
+        log.info("W&B offline run: upload it with `wandb sync %s`", offline)
     return run_dir
 
 
-def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: str = "<recipe>"):
+def _save_adapter(trainer: Any, tokenizer: Any, adapter: Path) -> None:
+    """Save the final adapter whole or not at all."""
+    partial = adapter.with_name(f".{adapter.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    trainer.save_model(str(partial))
+    # Continuing from init_from with a KL reference, TRL keeps a frozen copy of the starting adapter
+    # named "ref", and PEFT saves every adapter: the run's adapter is the trained one alone.
+    shutil.rmtree(partial / "ref", ignore_errors=True)
+    tokenizer.save_pretrained(str(partial))
+    shutil.rmtree(adapter, ignore_errors=True)
+    os.replace(partial, adapter)
+
+
+def _report(run_dir: Path) -> None:
+    """Plots and report.md; a plotting failure is logged with its traceback but never fails a trained run."""
+    try:
+        from rlkit.report import write_report
+
+        summary = write_report(run_dir)
+        log.info("report: %s (%d plots in %s)", summary["report"], len(summary["plots"]), run_dir / "plots")
+    except UserError as e:
+        log.warning("no report: %s", e)
+    except Exception:
+        log.exception("writing the report failed; the run itself is complete")
+
+
+class _Stopped(Exception):
+    """Raised from the callback once the checkpoint asked for by a signal is saved."""
+
+
+def _stop_on_signal() -> Any:
+    """A TrainerCallback for SIGINT/SIGTERM: finish the step, save a checkpoint, stop.
+
+    ``with callback.installed():`` holds the signal handlers; a second signal stops at once.
+    """
+    from transformers import TrainerCallback
+
+    class StopOnSignal(TrainerCallback):
+        signum: int | None = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.signum is not None:
+                control.should_save = True
+                control.should_training_stop = True
+
+        def on_save(self, args, state, control, **kwargs):
+            if self.signum is not None:
+                raise _Stopped  # the checkpoint is complete; leave any trainer's loop here
+
+        @contextmanager
+        def installed(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield  # signal handlers live in the main thread only
+                return
+            previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+            def handle(signum, frame):
+                if self.signum is not None:
+                    raise KeyboardInterrupt
+                self.signum = signum
+                log.warning("%s: finishing this step, saving a checkpoint, then stopping "
+                            "(send it again to stop at once)", signal.Signals(signum).name)
+
+            for s in previous:
+                signal.signal(s, handle)
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return StopOnSignal()
+
+
+def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: str = "<recipe>",
+                  resumed_from: Path | None = None):
     """Everything up to ``trainer.train()``: data, TRL config, model, trainer; writes the provenance."""
-    from rlkit import backends, handoff, runs
+    from rlkit import backends, handoff, progress, runs, tracking
     from rlkit.recipe import trainer_config
     from rlkit.tiny import resolve_model_id
     from rlkit.trainers import builder
@@ -81,6 +205,8 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     started_from = handoff.check(recipe, head=algo.HEAD) if recipe.init_from else None
     train_ds = algo.dataset(recipe)
     args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source)
+    args.run_name = args.run_name or run_dir.name
+    tracking.prepare(args.report_to, run_dir)
     # TRL wraps the model in its LoRA inside the trainer's __init__, before transformers' Trainer
     # seeds; seeding here makes the LoRA (and any new score head) initialise the same on every run.
     from transformers import set_seed
@@ -97,8 +223,17 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
         "dtype": str(model.dtype).removeprefix("torch."),  # what `dtype: auto` became on this machine
         "init_from": started_from,
     }
-    runs.write_resolved(run_dir, recipe.to_dict(), provenance)
-    trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args, [runs.metrics_callback(run_dir)])
+    if resumed_from is not None:
+        provenance["resumed_from"] = str(resumed_from)
+    resolved = runs.write_resolved(run_dir, recipe.to_dict(), provenance)
+    trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args,
+                         [runs.metrics_callback(run_dir), runs.checkpoint_callback()])
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)  # rlkit's bar (or log line per step) replaces tqdm's
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(progress.training_callback(f"{recipe.algorithm} {recipe.name}"))
+    trainer.add_callback(tracking.config_callback(trainer, resolved))
     _require_trainable(getattr(trainer.model, "policy", trainer.model))  # PPO wraps policy + value model
     return trainer, tokenizer
 

@@ -43,7 +43,8 @@ class ScriptedServer:
                 if script.get("sleep"):
                     time.sleep(script["sleep"])
                 if script.get("status", 200) != 200:
-                    self._send(script["status"], {"error": {"message": "scripted failure", "type": "server_error"}})
+                    self._send(script["status"], {"error": {"message": script.get("message", "scripted failure"),
+                                                           "type": "server_error"}})
                     return
                 self._send(200, server.completion(body, script))
 

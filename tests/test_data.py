@@ -63,7 +63,7 @@ def test_local_jsonl_and_parquet(tmp_path):
         (None, "no such data file"),
         ('{"question": "q"}', "missing column(s) answer"),
         ("", "the dataset is empty"),
-        ("{not json", "could not read .jsonl file"),
+        ("{not json", "line 1 is not valid JSON (Expecting property name enclosed in double quotes, column 2)"),
     ],
 )
 def test_bad_local_files(tmp_path, content, expected):

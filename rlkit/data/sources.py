@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +26,41 @@ def load_source(source: Any, required: tuple[str, ...] = ()):
             raise UserError(f"{path}: unsupported file type {local.suffix!r}; use one of {', '.join(_FORMATS)}")
         if local.stat().st_size == 0:
             raise UserError(f"{path}: the dataset is empty")
+        if local.suffix == ".jsonl":
+            _check_json_lines(local)
+        quiet = logging.getLogger("datasets")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)  # its error log would repeat ours, less clearly
         try:
             ds = datasets.load_dataset(_FORMATS[local.suffix], data_files=str(local), split="train")
         except Exception as e:  # the datasets library raises many types for a malformed file
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"{path}: could not read {local.suffix} file: {reason}") from None
+        finally:
+            quiet.setLevel(level)
     else:
         ds = _load_hub(path, source.name, source.split)
     missing = [c for c in required if c not in ds.column_names]
     if missing:
         raise UserError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(ds.column_names)}")
     return ds
+
+
+def _check_json_lines(path: Path) -> None:
+    """Name the first line of a JSONL file that is not a JSON object."""
+    import json
+
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(value, dict):
+                raise UserError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object with the "
+                                "dataset's columns") from None
 
 
 def _load_hub(path: str, name: str | None, split: str):

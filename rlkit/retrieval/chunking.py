@@ -46,15 +46,15 @@ def token_windows(n_tokens: int, size: int, overlap: int) -> list[range]:
 
 def chunk_documents(docs: list[Document], tokenizer, size: int, overlap: int,
                     show_progress: bool = True) -> list[Chunk]:
-    from rich.console import Console
-    from rich.progress import track
+    from rlkit import progress
 
     chunks = []
-    bar = track(docs, description="Chunking", disable=not show_progress, transient=True, console=Console(stderr=True))
-    for d, doc in enumerate(bar):
-        offsets = tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True,
-                            verbose=False)["offset_mapping"]
-        for c, window in enumerate(token_windows(len(offsets), size, overlap)):
-            start, end = offsets[window.start][0], offsets[window.stop - 1][1]
-            chunks.append(Chunk(**{**asdict(doc), "text": doc.text[start:end]}, id=f"{d}:{c}"))
+    with progress.bar("chunking", len(docs), show=show_progress) as advance:
+        for d, doc in enumerate(docs):
+            advance()
+            offsets = tokenizer(doc.text, add_special_tokens=False, return_offsets_mapping=True,
+                                verbose=False)["offset_mapping"]
+            for c, window in enumerate(token_windows(len(offsets), size, overlap)):
+                start, end = offsets[window.start][0], offsets[window.stop - 1][1]
+                chunks.append(Chunk(**{**asdict(doc), "text": doc.text[start:end]}, id=f"{d}:{c}"))
     return chunks

@@ -77,5 +77,42 @@ def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: A
         from rlkit.envs import make_factory
 
         extra["environment_factory"] = make_factory(recipe)
+    train_ds = fit_context(recipe, tokenizer, train_ds, args)
     return GRPOTrainer(model=model, reward_funcs=reward_functions(recipe), args=args, train_dataset=train_ds,
                        processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **extra)
+
+
+def fit_context(recipe: Any, tokenizer: Any, train_ds: Any, args: Any) -> Any:
+    """Drop prompts that leave no room for a completion in the context; refuse when none is left.
+
+    The room is ``model.max_seq_length`` minus ``trainer.max_completion_length``; prompts are
+    measured as the model sees them (chat template, tool schemas for an agent, generation prompt).
+    """
+    import logging
+
+    from rlkit.errors import UserError
+
+    tools = None
+    if recipe.env is not None:
+        from rlkit.envs import class_tool_schemas, env_class
+
+        tools = class_tool_schemas(env_class(recipe.env.name))
+    room = recipe.model.max_seq_length - args.max_completion_length
+    if room <= 0:
+        raise UserError(f"trainer.max_completion_length {args.max_completion_length} leaves no room for a prompt in "
+                        f"model.max_seq_length {recipe.model.max_seq_length}; raise one or lower the other")
+    kwargs = recipe.model.chat_template_kwargs
+    texts = [tokenizer.apply_chat_template(p, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
+             if isinstance(p, list) else p for p in train_ds["prompt"]]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    keep = [i for i, n in enumerate(lengths) if n <= room]
+    if len(keep) == len(lengths):
+        return train_ds
+    why = (f"longer than {room} tokens (model.max_seq_length {recipe.model.max_seq_length} - "
+           f"trainer.max_completion_length {args.max_completion_length}); the longest has {max(lengths)}")
+    if not keep:
+        raise UserError(f"data.train: every prompt is {why}; raise model.max_seq_length, lower "
+                        "trainer.max_completion_length or shorten the prompts")
+    logging.getLogger("rlkit").warning("data.train: dropped %d of %d prompts %s", len(lengths) - len(keep),
+                                       len(lengths), why)
+    return train_ds.select(keep)

@@ -1,0 +1,180 @@
+"""Bad input, as a matrix: each row is one mistake a user makes, and what rlkit does about it.
+
+Through the real CLI entry point: exit code 2 and one line on stderr naming the problem and the fix,
+no traceback, and no run directory left behind to block the retry. Mistakes inside one example
+(a malformed tool call, a failing endpoint request, a too-long prompt among good ones, garbage
+text given to a reward) are recorded for that example instead, and the run goes on.
+"""
+
+import json
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlkit.recipe import recipes_dir
+
+SFT = recipes_dir() / "tiny_arith_sft.yaml"
+GRPO = recipes_dir() / "tiny_arith_grpo.yaml"
+AGENT = recipes_dir() / "gsm8k_calculator_grpo.yaml"
+
+
+def run_cli(capsys, *args):
+    import logging
+
+    import rlkit.cli
+
+    logging.getLogger().handlers.clear()  # log to this test's captured stderr
+    argv = sys.argv
+    sys.argv = ["rlkit", *map(str, args)]
+    try:
+        rlkit.cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = argv
+    return code, capsys.readouterr().err
+
+
+def _files(tmp_path):
+    (tmp_path / "bad.yaml").write_text("name: x\nmodel: {name_or_path: [unclosed\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "nocols.jsonl").write_text('{"foo": 1}\n')
+    (tmp_path / "broken.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{not json\n')
+    long = "what is " + " 1 +" * 400 + " 1?"
+    (tmp_path / "long.jsonl").write_text(json.dumps({"question": long, "answer": "#### 401"}) + "\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+
+
+# (case, argv after `rlkit`, the one-line message: a substring of it)
+MATRIX = [
+    ("malformed YAML", ["train", "{tmp}/bad.yaml", "--smoke"], "{tmp}/bad.yaml: line 3, column 1 malformed YAML"),
+    ("recipe not a mapping", ["train", "{tmp}/list.yaml", "--smoke"], "{tmp}/list.yaml: a recipe is a YAML mapping"),
+    ("missing recipe file", ["train", "{tmp}/nope.yaml"], "{tmp}/nope.yaml: no such recipe file"),
+    ("wrong type", ["train", SFT, "--smoke", "--set", "trainer.learning_rate=fast"],
+     "trainer.learning_rate: Input should be a valid number"),
+    ("unknown key", ["train", SFT, "--smoke", "--set", "model.backnd=hf"],
+     "model.backnd: unknown key (did you mean 'backend'?)"),
+    ("unknown TRL field", ["train", SFT, "--smoke", "--set", "trainer.learnin_rate=1e-5"],
+     "trainer.learnin_rate: not a SFTConfig field (did you mean 'learning_rate'?)"),
+    ("--set without =", ["train", SFT, "--smoke", "--set", "trainer.learning_rate"], "--set 'trainer.learning_rate': expected KEY=VALUE"),
+    ("missing data file", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/nope.jsonl}"],
+     "{tmp}/nope.jsonl: no such data file"),
+    ("Hub dataset while offline", ["train", SFT, "--smoke", "--set", "data.train={path: openai/gsm8k, name: main}"],
+     "openai/gsm8k: cannot reach the Hugging Face Hub"),
+    ("Hub model while offline", ["train", SFT, "--smoke", "--set", "model.name_or_path=Qwen/Qwen3-0.6B"],
+     "model.name_or_path: cannot load 'Qwen/Qwen3-0.6B'"),
+    ("missing columns", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/nocols.jsonl}"],
+     "{tmp}/nocols.jsonl: missing column(s) question, answer; found foo"),
+    ("empty dataset", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/empty.jsonl}"],
+     "{tmp}/empty.jsonl: the dataset is empty"),
+    ("malformed JSONL", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/broken.jsonl}"],
+     "{tmp}/broken.jsonl: line 2 is not valid JSON (Expecting property name enclosed in double quotes"),
+    ("every prompt longer than the context", ["train", GRPO, "--smoke", "--set", "data.train={path: {tmp}/long.jsonl}"],
+     "data.train: every prompt is longer than 488 tokens (model.max_seq_length 512 - trainer.max_completion_length 24)"),
+    ("unknown reward", ["train", GRPO, "--smoke", "--set", "rewards=[{name: gsm8k_corect}]"],
+     "rewards.0: unknown reward 'gsm8k_corect' (did you mean 'gsm8k_correct'?)"),
+    ("bad reward setting", ["train", GRPO, "--smoke", "--set", "rewards=[{name: qa_correct, args: {metric: em2}}]"],
+     "rewards.0: args: qa_correct: unknown metric 'em2'; valid: em, f1"),
+    ("unknown tracker", ["train", SFT, "--smoke", "--set", "trainer.report_to=[wandbb]"],
+     "trainer.report_to: unknown tracker 'wandbb'"),
+    ("output dir not empty", ["train", SFT, "--smoke", "--output-dir", "{tmp}/full"],
+     "{tmp}/full: run directory is not empty; pass --overwrite"),
+    ("--resume with no run", ["train", SFT, "--smoke", "--resume", "--output-dir", "{tmp}/none"],
+     "{tmp}/none: no run to resume there; drop --resume"),
+    ("--resume with --overwrite", ["train", SFT, "--smoke", "--resume", "--overwrite"], "choose one"),
+    ("unknown environment", ["rollout", AGENT, "--smoke", "--set", "env.name=calculater"],
+     "env.name: unknown environment 'calculater' (did you mean 'calculator'?)"),
+    ("rollout without env", ["rollout", SFT, "--smoke"], "the recipe has no `env:`"),
+    ("bad --split", ["rollout", AGENT, "--smoke", "--split", "test"], "--split 'test': use eval or train"),
+    ("not a run directory", ["report", "{tmp}"], "{tmp}: not a run directory"),
+    ("missing trajectories", ["analyze", "{tmp}/nope.jsonl"], "{tmp}/nope.jsonl"),
+    ("merge of a non-adapter", ["merge", "{tmp}/full", "--out", "{tmp}/merged"], "{tmp}/full"),
+]
+
+
+@pytest.mark.parametrize("case, argv, message", MATRIX, ids=[m[0] for m in MATRIX])
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLKIT_LOG_LEVEL", "WARNING")
+    _files(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, err = run_cli(capsys, *[str(a).replace("{tmp}", str(tmp_path)) for a in argv])
+    lines = [line for line in err.splitlines() if line.startswith("rlkit: error: ")]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err and " ERROR " not in err
+    assert message.replace("{tmp}", str(tmp_path)) in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no runs/, evals/, rollouts/ or --out left
+
+
+def test_a_few_too_long_prompts_are_dropped_with_a_warning_not_an_error(tmp_path, caplog):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from rlkit.recipe import load_recipe, trainer_config
+    from rlkit.tiny import tiny_model_path
+    from rlkit.trainers.grpo import fit_context
+
+    recipe = load_recipe(GRPO, smoke=True)
+    args = trainer_config(recipe, output_dir=str(tmp_path))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
+    prompts = [[{"role": "user", "content": text}] for text in ("1 + 1?", "2 + 2? " * 300, "3 + 3?")]
+    ds = Dataset.from_dict({"prompt": prompts, "answer": ["2", "4", "6"]})
+    with caplog.at_level("WARNING", logger="rlkit"):
+        kept = fit_context(recipe, tokenizer, ds, args)
+    assert kept["answer"] == ["2", "6"]
+    assert "data.train: dropped 1 of 3 prompts longer than 488 tokens" in caplog.text
+
+
+def test_per_example_failures_are_recorded_and_the_run_goes_on():
+    """A tool call with malformed JSON arguments, an endpoint 500 and a timeout: one record each, no exception."""
+    from rlkit.envs.calculator import CalculatorEnv
+    from rlkit.rollout import EndpointPolicy, run_episodes
+    from tests.scripted_server import ScriptedServer
+
+    def reply(request):
+        question = request["messages"][-1]["content"]
+        if question == "slow":
+            return {"sleep": 1.5, "content": "late"}
+        if question == "broken":
+            return {"status": 500}
+        if request["messages"][-1]["role"] == "user":
+            return {"tool_calls": [{"name": "calculate", "arguments": "{not json"}]}
+        return {"content": "#### 4"}
+
+    rows = [{"prompt": [{"role": "user", "content": q}], "answer": "4"} for q in ("slow", "broken", "fine")]
+    with ScriptedServer(reply) as server:
+        policy = EndpointPolicy(server.url, api_key=None, served_model=None, max_new_tokens=16, timeout=0.5,
+                                max_retries=0)
+        slow, broken, fine = run_episodes(rows, CalculatorEnv, policy, max_turns=2, show_progress=False)
+    assert slow.error == "endpoint error: APITimeoutError: Request timed out."
+    assert broken.error.startswith("endpoint error: InternalServerError")
+    assert fine.error is None and fine.messages[-1]["content"] == "#### 4"
+    (call,) = fine.tool_calls  # the model saw the error and answered
+    assert call["error"].startswith("tool arguments are not valid JSON: Expecting property name")
+    assert call["content"] == f"{{'error': {call['error']!r}}}"
+
+
+_text = st.one_of(st.text(max_size=200), st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "####",
+                                                          "<tool_call>", "\x00", "１２３", "1e309", "NaN"]))
+_completion = st.one_of(_text, st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["assistant", "tool", "user"]), "content": st.one_of(_text, st.none())}), max_size=3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(completions=st.lists(_completion, min_size=1, max_size=4), gold=st.one_of(_text, st.none(), st.integers()))
+def test_every_registry_reward_takes_arbitrary_text(completions, gold):
+    import math
+
+    from rlkit.rewards import REWARDS, resolve_reward
+
+    n = len(completions)
+    for name in REWARDS:
+        scores = resolve_reward(name)(completions=completions, prompts=[[]] * n, answer=[gold] * n,
+                                      question_type=["inference_query"] * n)
+        assert len(scores) == n, name
+        assert all(s is None or (isinstance(s, float) and math.isfinite(s)) for s in scores), (name, scores)

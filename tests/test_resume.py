@@ -1,0 +1,161 @@
+"""Interrupting and resuming training: SIGINT/SIGTERM save a checkpoint, SIGKILL loses only the steps since the
+last complete one, and a resumed run ends where an uninterrupted one does."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlkit.errors import Interrupted, UserError
+from rlkit.recipe import recipes_dir
+from rlkit.train import train
+
+SFT = recipes_dir() / "tiny_arith_sft.yaml"
+RLKIT = str(Path(sys.executable).parent / "rlkit")
+
+
+def steps(run_dir, key="loss"):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r[key] for r in rows if key in r}
+
+
+def signal_after_step(run_dir, step, signum=signal.SIGINT):
+    """Send ``signum`` to this process once ``step`` shows in the run's metrics."""
+    def watch():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            path = run_dir / "metrics.jsonl"
+            if path.is_file() and max(steps(run_dir), default=0) >= step:
+                os.kill(os.getpid(), signum)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sigint_saves_a_checkpoint_and_resume_ends_where_an_uninterrupted_run_does(tmp_path):
+    overrides = ["trainer.max_steps=8", "trainer.save_steps=100"]
+    reference = train(SFT, overrides, smoke=True, output_dir=tmp_path / "reference")
+
+    run_dir = tmp_path / "run"
+    watcher = signal_after_step(run_dir, 2)
+    with pytest.raises(Interrupted) as stopped:
+        train(SFT, overrides, smoke=True, output_dir=run_dir)
+    watcher.join()
+    assert stopped.value.exit_code == 130
+    message = str(stopped.value)
+    assert message.startswith("SIGINT: stopped at step ") and "/8; checkpoint saved in " in message
+    assert message.endswith(f"resume with: rlkit train {SFT} --resume --smoke --output-dir {run_dir} "
+                            "--set trainer.max_steps=8 --set trainer.save_steps=100")
+    stopped_at = int(message.split("step ")[1].split("/")[0])
+    assert 2 <= stopped_at < 8
+    # The checkpoint was saved on the signal although save_steps is 100; no final adapter yet.
+    assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}" / "rlkit-complete.json").is_file()
+    assert not (run_dir / "adapter").exists()
+    assert (run_dir / "report.md").is_file()  # the partial run's plots and report
+
+    with pytest.raises(UserError, match="holds an unfinished run .*pass --resume to continue it"):
+        train(SFT, overrides, smoke=True, output_dir=run_dir)
+    train(SFT, overrides, smoke=True, output_dir=run_dir, resume=True)
+
+    # Same losses at every step, each step logged once, and the same final weights.
+    assert sorted(steps(run_dir)) == list(range(1, 9))
+    assert steps(run_dir) == pytest.approx(steps(reference), rel=1e-5)
+    ours = load_file(run_dir / "adapter" / "adapter_model.safetensors")
+    theirs = load_file(reference / "adapter" / "adapter_model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum("train_runtime" in r for r in rows) == 1
+
+
+def test_resume_refusals(tmp_path):
+    with pytest.raises(UserError, match="no run to resume there; drop --resume"):
+        train(SFT, smoke=True, output_dir=tmp_path / "nothing", resume=True)
+    with pytest.raises(UserError, match="--resume continues .* choose one"):
+        train(SFT, smoke=True, output_dir=tmp_path / "nothing", resume=True, overwrite=True)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "recipe.resolved.yaml").write_text((recipes_dir() / "tiny_arith_sft.yaml").read_text())
+    with pytest.raises(UserError, match="no complete checkpoint to resume from"):
+        train(SFT, smoke=True, output_dir=run_dir, resume=True)
+    assert (run_dir / "recipe.resolved.yaml").is_file()  # a failed resume deletes nothing
+
+
+def test_a_run_killed_before_its_first_checkpoint_never_blocks_a_retry(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "checkpoint-2").mkdir(parents=True)  # half-written: no rlkit-complete.json
+    (run_dir / "recipe.resolved.yaml").write_text("name: killed\n")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    train(SFT, smoke=True, output_dir=run_dir)
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    assert steps(run_dir) and "killed" not in (run_dir / "recipe.resolved.yaml").read_text()
+    # A directory that is not an rlkit run is never replaced.
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="not empty; pass --overwrite"):
+        train(SFT, smoke=True, output_dir=other)
+    assert (other / "notes.txt").read_text() == "keep me"
+
+
+def _start(run_dir, *extra):
+    env = {**os.environ, "RLKIT_LOG_LEVEL": "INFO"}
+    return subprocess.Popen([RLKIT, "train", str(SFT), "--smoke", "--output-dir", str(run_dir),
+                             "--set", "trainer.max_steps=12", "--set", "trainer.save_steps=2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_checkpoint(run_dir, proc):
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if list((run_dir / "checkpoints").glob("checkpoint-*/rlkit-complete.json")):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no checkpoint appeared; rc={proc.poll()} {proc.stderr.read() if proc.stderr else ''}")
+
+
+def test_sigterm_exits_143_and_sigkill_resumes_from_the_last_complete_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    _wait_for_checkpoint(run_dir, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143, err
+    assert "rlkit: SIGTERM: stopped at step " in err and "--resume" in err.splitlines()[-1]
+
+    proc = _start(run_dir, "--resume")
+    _wait_for_checkpoint(run_dir, proc)
+    latest_before = max(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("checkpoint-*"))
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(timeout=60)
+    # A checkpoint whose save was cut short: newer than any complete one, but without the completion mark.
+    complete = sorted((run_dir / "checkpoints").glob("checkpoint-*/rlkit-complete.json"))
+    assert complete
+    half = run_dir / "checkpoints" / "checkpoint-11"
+    shutil.rmtree(half, ignore_errors=True)
+    half.mkdir()
+    (half / "adapter_config.json").write_text("{")
+
+    res = subprocess.run([RLKIT, "train", str(SFT), "--smoke", "--output-dir", str(run_dir), "--set",
+                          "trainer.max_steps=12", "--set", "trainer.save_steps=2", "--resume"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"WARNING {half}: half-written checkpoint, removed" in res.stderr
+    assert f"INFO resuming {run_dir} from checkpoint-" in res.stderr
+    assert latest_before >= 2
+    assert sorted(steps(run_dir)) == list(range(1, 13))
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+    assert not half.exists() or (half / "rlkit-complete.json").is_file()

@@ -1,0 +1,147 @@
+"""Tracking (W&B offline fallback, TensorBoard, the recipe as the run's config) and secrets kept out of everything."""
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlkit import secrets, tracking
+from rlkit.errors import UserError
+from rlkit.recipe import load_recipe, recipes_dir
+from tests.scripted_server import ScriptedServer
+
+RLKIT = str(Path(sys.executable).parent / "rlkit")
+SECRETS = {"WANDB_API_KEY": "wandb0123456789abcdef0123456789abcdef0123", "HF_TOKEN": "hf_SecretTokenValue12345",
+           "OPENAI_API_KEY": "sk-env-secret-0987654321"}
+FLAG_KEY = "sk-flag-secret-1122334455"
+
+
+def _files_leaking(root: Path, values) -> list[str]:
+    leaks = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            leaks += [f"{path}: {v[:6]}..." for v in values if v.encode() in data]
+    return leaks
+
+
+def test_wandb_goes_offline_tensorboard_logs_and_no_secret_is_written_anywhere(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    # A key, but no route to the W&B server: the run must go offline rather than stop.
+    env.update(SECRETS, WANDB_BASE_URL="http://127.0.0.1:9", HOME=str(tmp_path / "home"), RLKIT_LOG_LEVEL="INFO")
+    run_dir = tmp_path / "run"
+    res = subprocess.run([RLKIT, "train", recipes_dir() / "tiny_arith_sft.yaml", "--smoke", "--output-dir", run_dir,
+                          "--set", "trainer.report_to=[wandb, tensorboard]", "--set", "name=tracked"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"W&B: 127.0.0.1 is unreachable, so this run logs offline to {run_dir / 'wandb'}; upload it later with " \
+           f"`wandb sync {run_dir / 'wandb' / 'offline-run-*'}`" in res.stderr
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    assert f"upload it with `wandb sync {offline}`" in res.stderr
+    # The resolved recipe (with versions) is the W&B run's config, and TensorBoard's text summary.
+    (events,) = offline.glob("run-*.wandb")
+    data = events.read_bytes()
+    assert b'"provenance"' in data and b'"tracked"' in data and b'"trl"' in data
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
+    board.Reload()
+    assert [e.step for e in board.Scalars("train/loss")] == [1, 2]
+    text = board.Tensors("rlkit/recipe/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "name: tracked" in text and "provenance:" in text
+    assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "report.md").is_file()
+
+    # A rollout with an --api-key flag; the server echoes a key into its error message for one episode.
+    calls = []
+
+    def reply(request):
+        calls.append(request)
+        if len(calls) == 1:
+            return {"status": 400, "message": f"bad request from {FLAG_KEY}"}
+        return {"content": "#### 4"}
+
+    out = tmp_path / "rollouts" / "t.jsonl"
+    with ScriptedServer(reply) as server:
+        res2 = subprocess.run([RLKIT, "rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--endpoint",
+                               server.url, "--api-key", FLAG_KEY, "--limit", "2", "--out", out],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert res2.returncode == 2 and res2.stderr.startswith("rlkit: error: ")
+    assert "bad request from ***" in res2.stderr  # a fatal endpoint error, its message masked
+    with ScriptedServer(lambda request: {"status": 500, "message": f"overloaded for {FLAG_KEY}"}) as server:
+        res2 = subprocess.run([RLKIT, "rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--endpoint",
+                               server.url, "--api-key", FLAG_KEY, "--limit", "2", "--out", out],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert res2.returncode == 0, res2.stderr
+    assert "overloaded for ***" in out.read_text()  # recorded per episode, masked
+    assert server.headers[0]["authorization"] == f"Bearer {FLAG_KEY}"
+    values = [*SECRETS.values(), FLAG_KEY]
+    assert _files_leaking(tmp_path / "run", values) == []
+    assert _files_leaking(tmp_path / "rollouts", values) == []
+    for stream in (res.stdout, res.stderr, res2.stdout, res2.stderr):
+        assert not [v for v in values if v in stream]
+
+
+def test_wandb_offline_reasons(monkeypatch, tmp_path):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    assert tracking._wandb_offline_reason() == "no API key (set WANDB_API_KEY or run `wandb login`)"
+    (tmp_path / "netrc").write_text("machine 127.0.0.1\n  login user\n  password k\n")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    assert tracking._wandb_offline_reason() == "127.0.0.1 is unreachable"  # the netrc key counts as a key
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert tracking._wandb_offline_reason() == "WANDB_MODE is offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert tracking._wandb_offline_reason() is None
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    assert tracking._wandb_offline_reason() is None  # reachable with a key: online
+    listener.close()
+
+
+@pytest.mark.parametrize("report_to, message", [
+    ("[wandbb]", "trainer.report_to: unknown tracker 'wandbb'; use none or some of: "),
+    ("[mlflow]", "trainer.report_to: mlflow is not installed; `pip install mlflow`, or drop it from report_to"),
+])
+def test_trackers_are_checked_when_the_recipe_loads(report_to, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_recipe(recipes_dir() / "tiny_arith_sft.yaml", [f"trainer.report_to={report_to}"], smoke=True)
+    load_recipe(recipes_dir() / "tiny_arith_sft.yaml", ["trainer.report_to=[tensorboard, wandb]"], smoke=True)
+
+
+def test_redact_scrub_and_the_log_filter(monkeypatch, caplog):
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
+    secrets.register("sk-registered-123456")
+    secrets.register("abc")  # too short to be told apart from ordinary text: ignored
+    assert secrets.redact("token hf_abcdefghijklmnop and sk-registered-123456; abc") == "token *** and ***; abc"
+    config = {"trainer": {"hub_token": "hf_x", "learning_rate": 1e-5, "report_to": ["wandb"]},
+              "endpoint": {"api_key": "k", "url": "http://h/?key=hf_abcdefghijklmnop"}, "name": "run",
+              "max_tokens": 300, "empty_token": None}
+    assert secrets.scrub(config) == {
+        "trainer": {"hub_token": "***", "learning_rate": 1e-5, "report_to": ["wandb"]},
+        "endpoint": {"api_key": "***", "url": "http://h/?key=***"}, "name": "run", "max_tokens": 300,
+        "empty_token": None}
+    logger = logging.getLogger("rlkit.test-secrets")
+    logger.addFilter(secrets.RedactingFilter())
+    with caplog.at_level(logging.INFO, logger="rlkit.test-secrets"):
+        logger.info("calling with %s", "sk-registered-123456")
+    assert caplog.records[-1].getMessage() == "calling with ***"
+
+
+def test_the_resolved_recipe_masks_secret_fields(tmp_path):
+    from rlkit import runs
+
+    runs.write_resolved(tmp_path, {"name": "r", "trainer": {"hub_token": "hf_written_by_mistake"}}, {"smoke": True})
+    doc = yaml.safe_load((tmp_path / "recipe.resolved.yaml").read_text())
+    assert doc["trainer"]["hub_token"] == "***"
+    assert "hf_written_by_mistake" not in (tmp_path / "recipe.resolved.yaml").read_text()
