@@ -35,15 +35,54 @@ def train(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty run directory."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory from its latest "
                                 "complete checkpoint."),
+    num_processes: int = typer.Option(None, "--num-processes", min=1,
+                                      help="Processes on all machines together (relaunches under accelerate)."),
+    accelerate_config: str = typer.Option(None, "--accelerate-config",
+                                          help="single_gpu, multi_gpu, zero2, zero3, fsdp or an accelerate YAML "
+                                               "(default: the recipe's accelerate_config)."),
+    num_machines: int = typer.Option(1, "--num-machines", min=1, help="Machines taking part."),
+    machine_rank: int = typer.Option(0, "--machine-rank", min=0, help="This machine's rank (0 is the main one)."),
+    main_process_ip: str = typer.Option(None, "--main-process-ip", help="Address of the machine with rank 0."),
+    main_process_port: int = typer.Option(None, "--main-process-port", help="Port on the machine with rank 0."),
 ) -> None:
     """Train the recipe; writes the run directory (adapter, metrics, plots, report, resolved recipe).
 
     Ctrl-C (or SIGTERM) finishes the current step, saves a checkpoint and says how to --resume.
+    With --num-processes (or --num-machines, or an accelerate config) it runs under `accelerate launch`.
     """
+    from rlkit import launch
+
+    if accelerate_config is None:
+        from rlkit.recipe import apply_overrides, read_yaml
+
+        accelerate_config = apply_overrides(read_yaml(recipe), set_ or []).get("accelerate_config")
+    wants_launch = (num_processes or 1) > 1 or num_machines > 1 or accelerate_config is not None
+    if wants_launch and not launch.already_launched():
+        argv = sys.argv[sys.argv.index("train") + 1:]
+        code = launch.relaunch(argv, num_processes=num_processes, accelerate_config=accelerate_config,
+                               num_machines=num_machines, machine_rank=machine_rank, main_process_ip=main_process_ip,
+                               main_process_port=main_process_port)
+        raise typer.Exit(code)
     from rlkit.train import train as run_train
 
     run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite, resume=resume)
-    _console().print(f"[green]run directory:[/] {run_dir}")
+    if launch.is_main_process():
+        _console().print(f"[green]run directory:[/] {run_dir}")
+
+
+@app.command("vllm-serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def vllm_serve(
+    ctx: typer.Context,
+    recipe: Path = typer.Argument(..., help="A grpo recipe with trainer.use_vllm: true and vllm_mode: server."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """Start TRL's vLLM server for the recipe's model, on the host/port its trainer connects to.
+
+    Choose its GPUs with CUDA_VISIBLE_DEVICES; arguments after the recipe go to `trl vllm-serve`.
+    """
+    from rlkit.vllm_serve import serve
+
+    serve(recipe, set_ or [], extra_args=ctx.args)
 
 
 @app.command()
@@ -362,6 +401,10 @@ def _setup_logging() -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.addFilter(RedactingFilter())
+    from rlkit.launch import RankFilter, rank_info
+
+    if rank_info()[2] > 1:  # several processes: which rank says what; replicas only warn
+        handler.addFilter(RankFilter())
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
 
@@ -376,8 +419,13 @@ def main() -> None:
         print(f"rlkit: error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as e:
-        print(f"rlkit: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        from rlkit.launch import LAUNCHED_ENV, is_main_process
+
+        if is_main_process():
+            print(f"rlkit: {e}", file=sys.stderr)
+        # Under `rlkit train --num-processes`, the launching rlkit reports the signal's exit code; a rank that
+        # exits non-zero would make torchrun report a failure.
+        sys.exit(0 if os.environ.get(LAUNCHED_ENV) else e.exit_code)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,9 @@ class Recipe(Strict):
     retrieval: RetrievalSpec | None = None
     eval: EvalSpec = Field(default_factory=EvalSpec)
     trainer: dict[str, Any] = Field(default_factory=dict)
+    # `rlkit train --num-processes N` launches through accelerate with this config unless
+    # --accelerate-config names another: single_gpu | multi_gpu | zero2 | zero3 | fsdp | a YAML path.
+    accelerate_config: str | None = None
     # What --smoke changed, for the log and the run's provenance (not part of the recipe itself).
     _smoke_changes: list[str] = PrivateAttr(default_factory=list)
 
@@ -407,6 +410,10 @@ def backend_request(recipe: Recipe) -> str:
             raise UserError(f"model.backend: unsloth does not support {recipe.algorithm} training; "
                             "use `backend: hf` or `auto`")
         return "hf"
+    from rlkit.vllm_serve import server_mode
+
+    if server_mode(recipe) and recipe.model.backend == "auto":
+        return "hf"  # Unsloth generates with its own colocated engine, never a vLLM server
     return recipe.model.backend
 
 

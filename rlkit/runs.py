@@ -39,18 +39,21 @@ _PACKAGES = ("rlkit", "trl", "transformers", "peft", "torch", "accelerate", "dat
              "unsloth", "vllm")
 
 
-def prepare(run_dir: Path, overwrite: bool) -> Path:
+def prepare(run_dir: Path, overwrite: bool, main: bool = True) -> Path:
     """Create an empty run directory; refuse to mix a new run into an old one.
 
     A run that stopped before its first checkpoint (killed while loading, say) left nothing worth
-    keeping, so it is replaced without ``--overwrite``: it never blocks a retry.
+    keeping, so it is replaced without ``--overwrite``: it never blocks a retry. With several
+    processes every rank checks (they all refuse alike) and only the ``main`` one deletes and creates.
     """
     if run_dir.exists() and any(run_dir.iterdir()):
         if overwrite:
-            shutil.rmtree(run_dir)
+            if main:
+                shutil.rmtree(run_dir)
         elif _nothing_to_keep(run_dir):
-            log.warning("%s: replacing an unfinished run that has no checkpoint", run_dir)
-            shutil.rmtree(run_dir)
+            if main:
+                log.warning("%s: replacing an unfinished run that has no checkpoint", run_dir)
+                shutil.rmtree(run_dir)
         elif checkpoints(run_dir) and not (run_dir / "adapter").exists():
             raise UserError(f"{run_dir}: holds an unfinished run (last complete checkpoint: "
                             f"{checkpoints(run_dir)[-1].name}); pass --resume to continue it, --overwrite to start "
@@ -58,7 +61,8 @@ def prepare(run_dir: Path, overwrite: bool) -> Path:
         else:
             raise UserError(f"{run_dir}: run directory is not empty; pass --overwrite to replace it "
                             "or --output-dir to write elsewhere")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
@@ -80,8 +84,9 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def resume_point(run_dir: Path, recipe: dict[str, Any]) -> Path:
-    """The checkpoint to continue from; removes half-written checkpoints and metrics logged after it."""
+def resume_point(run_dir: Path, recipe: dict[str, Any], main: bool = True) -> Path:
+    """The checkpoint to continue from; the ``main`` process removes half-written checkpoints and the
+    metrics logged after it."""
     if not is_run_dir(run_dir):
         raise UserError(f"{run_dir}: no run to resume there; drop --resume to start one")
     complete = checkpoints(run_dir)
@@ -90,6 +95,8 @@ def resume_point(run_dir: Path, recipe: dict[str, Any]) -> Path:
                         "steps); pass --overwrite instead of --resume to start again")
     _check_same_run(run_dir, recipe)
     latest = complete[-1]
+    if not main:
+        return latest
     for partial in (run_dir / "checkpoints").glob("checkpoint-*"):
         if partial not in complete:
             log.warning("%s: half-written checkpoint, removed", partial)
@@ -154,12 +161,14 @@ def git_sha() -> str | None:
     return res.stdout.strip() or None
 
 
-def write_resolved(run_dir: Path, recipe: dict[str, Any], provenance: dict[str, Any]) -> dict[str, Any]:
-    """Write what the run is (secrets masked); returns the document written."""
+def write_resolved(run_dir: Path, recipe: dict[str, Any], provenance: dict[str, Any],
+                   write: bool = True) -> dict[str, Any]:
+    """What the run is (secrets masked), written to the run directory when ``write``; returns the document."""
     from rlkit.secrets import scrub
 
     doc = scrub({**recipe, "provenance": {**provenance, "versions": versions(), "git_sha": git_sha()}})
-    (run_dir / RESOLVED).write_text(yaml.safe_dump(doc, sort_keys=False))
+    if write:
+        (run_dir / RESOLVED).write_text(yaml.safe_dump(doc, sort_keys=False))
     return doc
 
 

@@ -48,18 +48,23 @@ def check(report_to: list[str], source: str = "<recipe>") -> None:
                             f"`pip install {package}`, or drop it from report_to")
 
 
-def prepare(report_to: list[str], run_dir: Path) -> dict[str, str]:
-    """Point the trackers at the run directory before the trainer starts; returns {tracker: where it logs}."""
+def prepare(report_to: list[str], run_dir: Path, main: bool = True) -> dict[str, str]:
+    """Point the trackers at the run directory before the trainer starts; returns {tracker: where it logs}.
+
+    Every process sets the same environment; only the ``main`` one (which alone logs) says so.
+    """
     where: dict[str, str] = {}
     if "wandb" in report_to:
         os.environ.setdefault("WANDB_PROJECT", "rlkit")
         os.environ["WANDB_DIR"] = str(run_dir.resolve())  # wandb writes RUN/wandb/
-        (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        if main:
+            (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
         offline = _wandb_offline_reason()
         if offline:
             os.environ["WANDB_MODE"] = "offline"
-            log.warning("W&B: %s, so this run logs offline to %s; upload it later with `wandb sync %s`",
-                        offline, run_dir / "wandb", run_dir / "wandb" / "offline-run-*")
+            say = log.warning if main else log.debug
+            say("W&B: %s, so this run logs offline to %s; upload it later with `wandb sync %s`",
+                offline, run_dir / "wandb", run_dir / "wandb" / "offline-run-*")
             where["wandb"] = f"offline, {run_dir / 'wandb'}"
         else:
             where["wandb"] = f"online, project {os.environ['WANDB_PROJECT']}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import Interrupted, UserError
+from rlkit.launch import is_main_process, rank_info
 
 log = logging.getLogger("rlkit")
 
@@ -53,19 +54,26 @@ def train(
                         "with --overwrite, or continue from the checkpoint's adapter with --set init_from=...")
     run_dir = Path(output_dir) if output_dir else default_run_dir(recipe, smoke)
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # to remove again on a user error
+    main, world = is_main_process(), rank_info()[2]
+    if resume and world > 1 and not cuda_available():
+        # transformers maps the optimizer state to `cpu:0` when several CPU processes resume, which torch refuses.
+        raise UserError("--resume with several CPU processes fails inside transformers (it loads the optimizer "
+                        "state onto 'cpu:0'); resume on GPUs, or start again with --overwrite")
     if resume:
-        checkpoint = runs.resume_point(run_dir, recipe.to_dict())
+        checkpoint = runs.resume_point(run_dir, recipe.to_dict(), main=main)
         log.info("resuming %s from %s", run_dir, checkpoint.name)
     else:
-        runs.prepare(run_dir, overwrite)
+        runs.prepare(run_dir, overwrite, main=main)
         checkpoint = None
+    barrier()  # the run directory is ready before any rank writes into it
     again = ["rlkit", "train", str(recipe_path), "--resume", *(["--smoke"] if smoke else []),
              *(["--output-dir", str(output_dir)] if output_dir else []),
+             *(["--num-processes", str(world)] if world > 1 else []),
              *(arg for o in overrides or [] for arg in ("--set", o))]
     try:
         return _run(recipe, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
     except UserError:
-        if not runs.checkpoints(run_dir):
+        if main and not runs.checkpoints(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
             for parent in created[1:]:
                 if parent.is_dir() and not any(parent.iterdir()):
@@ -74,10 +82,18 @@ def train(
 
 
 def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
+    import importlib.util
+
+    from rlkit.vllm_serve import check_server_mode
+
     use_vllm = bool(getattr(cfg, "use_vllm", False))
     if use_vllm and not cuda:
         raise UserError("trainer.use_vllm: vLLM needs a CUDA GPU and this machine has none; "
                         "set --set trainer.use_vllm=false (or use --smoke)")
+    if use_vllm and importlib.util.find_spec("vllm") is None:
+        raise UserError("trainer.use_vllm: vLLM is not installed; `pip install 'rlkit[gpu]'` or set use_vllm: false")
+    if use_vllm:
+        check_server_mode(recipe, backend)
     if use_vllm and backend == "hf" and recipe.model.load_in_4bit:
         # TRL's own vLLM weight sync cannot handle a 4-bit base (trl#4973).
         raise UserError("trainer.use_vllm with model.load_in_4bit on the hf backend is not supported by TRL "
@@ -98,9 +114,10 @@ def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, che
             trainer.train(**({"resume_from_checkpoint": str(checkpoint)} if checkpoint else {}))
     except _Stopped:
         pass
-    state = trainer.state
+    state, main = trainer.state, is_main_process()
     if stop.signum is not None and state.global_step < state.max_steps:
-        _report(run_dir)
+        if main:
+            _report(run_dir)
         saved = runs.checkpoints(run_dir)
         where = f"checkpoint saved in {saved[-1]}" if saved else "no checkpoint was saved"
         name = signal.Signals(stop.signum).name
@@ -109,7 +126,9 @@ def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, che
             then = f"PPO cannot resume; continue from the checkpoint's adapter with --set init_from={saved[-1]}"
         raise Interrupted(f"{name}: stopped at step {state.global_step}/{state.max_steps}; {where}; {then}",
                           128 + stop.signum)
-    _save_adapter(trainer, tokenizer, run_dir / "adapter")
+    _save_adapter(trainer, tokenizer, run_dir / "adapter", main)
+    if not main:
+        return run_dir
     log.info("done in %.1fs: adapter in %s", time.time() - started, run_dir / "adapter")
     _report(run_dir)
     from rlkit.tracking import wandb_offline_dir
@@ -119,17 +138,34 @@ def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, che
     return run_dir
 
 
-def _save_adapter(trainer: Any, tokenizer: Any, adapter: Path) -> None:
-    """Save the final adapter whole or not at all."""
+def _save_adapter(trainer: Any, tokenizer: Any, adapter: Path, main: bool = True) -> None:
+    """Save the final adapter whole or not at all.
+
+    Every rank calls ``save_model`` (ZeRO-3 and FSDP gather the weights there); transformers lets rank 0
+    alone write, and rank 0 alone moves the result into place.
+    """
     partial = adapter.with_name(f".{adapter.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    if main:
+        shutil.rmtree(partial, ignore_errors=True)
+    barrier()
     trainer.save_model(str(partial))
-    # Continuing from init_from with a KL reference, TRL keeps a frozen copy of the starting adapter
-    # named "ref", and PEFT saves every adapter: the run's adapter is the trained one alone.
-    shutil.rmtree(partial / "ref", ignore_errors=True)
-    tokenizer.save_pretrained(str(partial))
-    shutil.rmtree(adapter, ignore_errors=True)
-    os.replace(partial, adapter)
+    barrier()
+    if main:
+        # Continuing from init_from with a KL reference, TRL keeps a frozen copy of the starting adapter
+        # named "ref", and PEFT saves every adapter: the run's adapter is the trained one alone.
+        shutil.rmtree(partial / "ref", ignore_errors=True)
+        tokenizer.save_pretrained(str(partial))
+        shutil.rmtree(adapter, ignore_errors=True)
+        os.replace(partial, adapter)
+    barrier()
+
+
+def barrier() -> None:
+    """Wait for every process (a no-op for one)."""
+    if rank_info()[2] > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
 
 
 def _report(run_dir: Path) -> None:
@@ -160,6 +196,14 @@ def _stop_on_signal() -> Any:
         signum: int | None = None
 
         def on_step_end(self, args, state, control, **kwargs):
+            if rank_info()[2] > 1:  # ranks may see the signal a step apart: stop together, on the same step
+                import torch
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    flag = torch.tensor([self.signum or 0], device=args.device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    self.signum = int(flag.item()) or None
             if self.signum is not None:
                 control.should_save = True
                 control.should_training_stop = True
@@ -206,7 +250,8 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     train_ds = algo.dataset(recipe)
     args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source)
     args.run_name = args.run_name or run_dir.name
-    tracking.prepare(args.report_to, run_dir)
+    main = is_main_process()
+    tracking.prepare(args.report_to, run_dir, main=main)
     # TRL wraps the model in its LoRA inside the trainer's __init__, before transformers' Trainer
     # seeds; seeding here makes the LoRA (and any new score head) initialise the same on every run.
     from transformers import set_seed
@@ -225,7 +270,11 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     }
     if resumed_from is not None:
         provenance["resumed_from"] = str(resumed_from)
-    resolved = runs.write_resolved(run_dir, recipe.to_dict(), provenance)
+    resolved = runs.write_resolved(run_dir, recipe.to_dict(), provenance, write=main)
+    rank, local_rank, world = rank_info()
+    if world > 1:
+        log.info("rank %d of %d (local rank %d) on %s, %d training rows in the dataset", rank, world, local_rank,
+                 args.device, len(train_ds), extra={"all_ranks": True})
     trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args,
                          [runs.metrics_callback(run_dir), runs.checkpoint_callback()])
     from transformers.trainer_callback import PrinterCallback, ProgressCallback

@@ -70,8 +70,10 @@ def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0, head: str = "cau
     if backend == "unsloth":
         from rlkit.backends import unsloth
 
+        # Unsloth's fast_inference is its colocated vLLM engine; TRL's server mode needs none here.
+        colocated = use_vllm and recipe.trainer.get("vllm_mode", "colocate") == "colocate"
         model, tokenizer = unsloth.load(recipe.model, recipe.lora, recipe.init_from,
-                                        fast_inference=use_vllm, seed=seed)
+                                        fast_inference=colocated, seed=seed)
         return model, tokenizer, None, backend
     from rlkit.backends import hf
 
