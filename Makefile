@@ -9,7 +9,7 @@ SMOKE ?=
 SMOKE_FLAG := $(if $(SMOKE),--smoke,)
 SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
 
-.PHONY: install test demo sft-then-rl lint clean
+.PHONY: install test demo sft-then-rl lint clean bench
 
 install: $(STAMP)
 
@@ -32,8 +32,13 @@ sft-then-rl: install
 	$(BIN)/rlkit train recipes/gsm8k_sft.yaml $(SMOKE_FLAG) --overwrite
 	$(BIN)/rlkit train recipes/gsm8k_grpo.yaml $(SMOKE_FLAG) --overwrite --set init_from=$(SFT_RUN)
 
+# CPU benchmarks (offline, ~5 min on 2 cores): JSON + Markdown in bench/results/, summary in bench/results/README.md.
+# `make bench BENCH=retrieval` runs one; `python bench/gpu.py` measures GRPO on a CUDA machine.
+bench: install
+	$(OFFLINE) $(BIN)/python bench/run.py $(BENCH)
+
 lint: install
-	$(BIN)/ruff check rlkit tests
+	$(BIN)/ruff check rlkit tests bench
 
 clean:
 	rm -rf $(VENV) runs evals rollouts .pytest_cache
