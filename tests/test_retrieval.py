@@ -156,8 +156,8 @@ def test_loaders_read_each_format(tmp_path):
 
 
 @pytest.mark.parametrize(("name", "content", "fmt", "message"), [
-    ("bad.jsonl", '{"text": "ok"}\n{"text": \n', "auto", r"bad\.jsonl:2: not valid JSON"),
-    ("notext.jsonl", '{"title": "x"}\n', "jsonl", r"notext\.jsonl:1: each line needs a string `text`"),
+    ("bad.jsonl", '{"text": "ok"}\n{"text": \n', "auto", r"bad\.jsonl: line 2 is not valid JSON"),
+    ("notext.jsonl", '{"title": "x"}\n', "jsonl", r"notext\.jsonl: line 1 needs a string `text`"),
     ("empty.json", "[]", "multihop_rag", r"empty\.json: the corpus is empty"),
     ("nobody.json", '[{"title": "t", "text": "x"}]', "multihop_rag", r"article 0 needs string `title` and `body`"),
     ("odd.json", '[{"title": "t", "text": "x"}]', "auto", r"odd\.json: cannot tell the corpus format"),

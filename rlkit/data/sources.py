@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,13 @@ def load_source(source: Any, required: tuple[str, ...] = ()):
 
 
 def _check_json_lines(path: Path) -> None:
-    """Name the first line of a JSONL file that is not a JSON object."""
+    """Name the first line of a JSONL file that is not a JSON object (datasets' own error does not)."""
+    for _ in json_objects(path):
+        pass
+
+
+def json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-empty line of a JSONL file; a bad line is a UserError naming it."""
     import json
 
     with path.open(encoding="utf-8", errors="replace") as f:
@@ -59,8 +66,8 @@ def _check_json_lines(path: Path) -> None:
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno})") from None
             if not isinstance(value, dict):
-                raise UserError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object with the "
-                                "dataset's columns") from None
+                raise UserError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object")
+            yield number, value
 
 
 def _load_hub(path: str, name: str | None, split: str):

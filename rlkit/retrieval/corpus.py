@@ -144,18 +144,13 @@ def _from_articles(articles: list[Any], where: str) -> list[Document]:
 
 
 def _load_jsonl(path: Path) -> list[Document]:
+    from rlkit.data.sources import json_objects
+
     docs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not (isinstance(row, dict) and isinstance(row.get("text"), str)):
-                raise UserError(f"{path}:{lineno}: each line needs a string `text` (and `title`)")
-            docs.append(Document(title=str(row.get("title") or ""), text=row["text"], **_metadata(row)))
+    for lineno, row in json_objects(path):
+        if not isinstance(row.get("text"), str):
+            raise UserError(f"{path}: line {lineno} needs a string `text` (and `title`)")
+        docs.append(Document(title=str(row.get("title") or ""), text=row["text"], **_metadata(row)))
     return docs
 
 
