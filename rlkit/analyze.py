@@ -18,7 +18,6 @@ writes the same tables for a README or a PR.
 from __future__ import annotations
 
 import collections
-import json
 from pathlib import Path
 from typing import Any
 
@@ -65,26 +64,16 @@ def analyze(path: str | Path) -> dict[str, Any]:
 
 
 def _read(path: Path) -> list[dict]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read trajectories: {e}") from None
-    episodes = [_episode(line, f"{path}:{number}") for number, line in enumerate(lines, 1) if line.strip()]
+    from rlkit.data.sources import json_objects
+
+    episodes = [_episode(record, f"{path}: line {number}") for number, record in json_objects(path)]
     if not episodes:
         raise UserError(f"{path}: no episodes (the file is empty)")
     return episodes
 
 
-def _episode(line: str, where: str) -> dict:
-    """The facts ``analyze`` uses from one record, checked; ``where`` is ``path:line`` for errors."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(record, dict):
-        raise UserError(f"{where}: expected one JSON object per line, got a {type(record).__name__}")
+def _episode(record: dict, where: str) -> dict:
+    """The facts ``analyze`` uses from one record, checked; ``where`` names the file and line for errors."""
     for key, kind in _SHAPES.items():
         value = record.get(key)
         if value is not None and not isinstance(value, kind):

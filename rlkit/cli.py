@@ -58,6 +58,10 @@ def train(
         accelerate_config = apply_overrides(read_yaml(recipe), set_ or []).get("accelerate_config")
     wants_launch = (num_processes or 1) > 1 or num_machines > 1 or accelerate_config is not None
     if wants_launch and not launch.already_launched():
+        from rlkit.recipe import load_recipe
+
+        # A mistake in the recipe is one line here, not one traceback per rank from torchrun.
+        load_recipe(recipe, set_ or [], smoke=smoke)
         argv = sys.argv[sys.argv.index("train") + 1:]
         code = launch.relaunch(argv, num_processes=num_processes, accelerate_config=accelerate_config,
                                num_machines=num_machines, machine_rank=machine_rank, main_process_ip=main_process_ip,

@@ -255,8 +255,8 @@ def test_episodes_without_thinking(trajectories):
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"id": "2", "rounds": 3', "not valid JSON (Expecting ',' delimiter at column 24)"),
-        ("[1, 2]", "expected one JSON object per line, got a list"),
+        ('{"id": "2", "rounds": 3', " is not valid JSON (Expecting ',' delimiter, column 24)"),
+        ("[1, 2]", " is a JSON list, not an object"),
         ('{"rounds": "3"}', "`rounds` is a str, expected an integer"),
         ('{"success": "yes"}', "`success` is a str, expected true/false"),
         ('{"reward": "high"}', "`reward` is a str, expected a number"),
@@ -271,7 +271,8 @@ def test_malformed_lines_name_the_file_and_line(tmp_path, line, message):
     path.write_text(json.dumps(EPISODES[0]) + "\n\n" + line + "\n")
     with pytest.raises(UserError) as e:
         analyze(path)
-    assert str(e.value) == f"{path}:3: {message}"
+    separator = "" if message.startswith(" ") else ": "
+    assert str(e.value) == f"{path}: line 3{separator}{message}"
 
 
 def test_missing_and_empty_files(tmp_path):

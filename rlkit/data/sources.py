@@ -57,12 +57,18 @@ def json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-empty line of a JSONL file; a bad line is a UserError naming it."""
     import json
 
-    with path.open(encoding="utf-8", errors="replace") as f:
+    try:
+        f = path.open(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it: {e.strerror or e}") from None
+    with f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line.rstrip())
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno})") from None
             if not isinstance(value, dict):
