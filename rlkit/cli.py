@@ -150,6 +150,9 @@ def rollout(
     temperature: float = typer.Option(0.0, "--temperature", min=0, help="0 = greedy."),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", min=1, help="Per turn (default eval.max_new_tokens)."),
     tool_timeout: float = typer.Option(30.0, "--tool-timeout", min=0.01, help="Seconds a tool call may take."),
+    timeout: float = typer.Option(120.0, "--timeout", min=0.01,
+                                  help="Endpoint: total seconds one request may take, however the server trickles."),
+    retries: int = typer.Option(2, "--retries", min=0, help="Endpoint: retries of a failed request (recorded)."),
     out: Path = typer.Option(None, "--out", help="trajectories.jsonl path (default RUN/rollouts/<model>/)."),
     sft_out: Path = typer.Option(None, "--sft-out", help="Also write the successful trajectories as SFT rows here."),
     smoke: bool = SmokeOpt,
@@ -164,12 +167,18 @@ def rollout(
     result = run_rollout(target, model=model, endpoint=endpoint, api_key=api_key, served_model=served_model,
                          concurrency=concurrency, backend=backend, split=split, limit=limit, out=out, sft_out=sft_out,
                          temperature=temperature, max_new_tokens=max_new_tokens, tool_timeout=tool_timeout,
-                         smoke=smoke, overrides=set_ or [])
+                         timeout=timeout, retries=retries, smoke=smoke, overrides=set_ or [])
     console = _console()
     render(analyze(result["path"]), console)
     console.print(f"{result['episodes']} episodes, {result['successes']} successful: {result['path']}")
     if "sft_path" in result:
         console.print(f"{result['sft_rows']} successful trajectories as SFT rows: {result['sft_path']}")
+    failed = sum(result["transport_failures"].values())
+    if failed * 2 > result["episodes"]:  # mostly transport failures: the numbers above say nothing of the model
+        kinds = ", ".join(f"{kind}: {n}" for kind, n in result["transport_failures"].items())
+        typer.echo(f"rlkit: {failed} of {result['episodes']} episodes failed on endpoint errors ({kinds}); "
+                   f"trajectories kept in {result['path']}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("analyze")

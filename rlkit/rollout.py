@@ -43,6 +43,7 @@ class Turn:
     finish_reason: str = "stop"  # stop | tool_calls | length | error
     seconds: float = 0.0
     error: str | None = None
+    retries: int = 0  # transient failures retried before this turn's answer (endpoints)
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Episode:
 
         usage = {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
                  "total_tokens": turn.prompt_tokens + turn.completion_tokens,
-                 "finish_reason": turn.finish_reason, "seconds": round(turn.seconds, 4)}
+                 "finish_reason": turn.finish_reason, "seconds": round(turn.seconds, 4), "retries": turn.retries}
         self.turns.append(usage)
         if turn.error is not None:
             self.error, self.done = turn.error, True
@@ -177,52 +178,104 @@ class VLLMPolicy:
 
 
 class EndpointPolicy:
-    """An OpenAI-compatible chat-completions endpoint, through the ``openai`` client."""
+    """An OpenAI-compatible chat-completions endpoint, through the ``openai`` client.
+
+    Every request has a total deadline of ``timeout`` seconds (``asyncio.wait_for``: the client's own
+    timeout bounds each read, so a server that trickles bytes would otherwise hold a request forever).
+    Transient failures (connection errors, the deadline, 429, 5xx) are retried up to ``max_retries``
+    times with exponential backoff, and each turn records how many retries it took.
+    """
 
     concurrent = True
 
     def __init__(self, endpoint: str, *, api_key: str | None, served_model: str | None, max_new_tokens: int,
-                 temperature: float = 0.0, timeout: float = 120.0, max_retries: int = 2) -> None:
+                 temperature: float = 0.0, timeout: float = 120.0, max_retries: int = 2,
+                 backoff: float = 0.5) -> None:
+        self.endpoint, self.served_model, self.api_key = endpoint, served_model, api_key or "EMPTY"
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self.client = self._client()
+
+    def _client(self) -> Any:
         import openai
 
-        self.client = openai.AsyncOpenAI(base_url=endpoint, api_key=api_key or "EMPTY", timeout=timeout,
-                                         max_retries=max_retries)
-        self.endpoint, self.served_model = endpoint, served_model
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        # Retries are rlkit's (counted, recorded) and the deadline is rlkit's `wait_for`; the client's own
+        # per-read timeout only backs it up, a little later, so the total deadline is what a user sees.
+        return openai.AsyncOpenAI(base_url=self.endpoint, api_key=self.api_key, timeout=self.timeout + 5,
+                                  max_retries=0)
+
+    def preflight(self) -> str:
+        """One tiny request before any episode: a dead endpoint, a wrong model or a bad key is a UserError here,
+        whatever flags were given, instead of N failed episodes. Returns the served model's name."""
+        return asyncio.run(self._preflight())
+
+    async def _preflight(self) -> str:
+        # Its own client: an httpx pool must not outlive the event loop it was made in.
+        client, self.client = self.client, self._client()
+        try:
+            name = await self.model_name()
+            messages = [{"role": "user", "content": PREFLIGHT_PROMPT}]
+            response, error, _ = await self._request(lambda: self.client.chat.completions.create(
+                model=name, messages=messages, max_completion_tokens=1, temperature=0.0))
+        finally:
+            await self.client.close()
+            self.client = client
+        if error is not None:
+            raise UserError(f"--endpoint {self.endpoint}: the preflight request to model {name!r} failed "
+                            f"({_describe(error)}); check the URL and that the server is up") from None
+        return name
 
     async def model_name(self) -> str:
         """The served model: ``--served-model``, or the endpoint's only model."""
         if self.served_model is None:
-            import openai
-
-            try:
-                models = [m.id async for m in self.client.models.list()]
-            except openai.OpenAIError as e:
-                raise UserError(f"--endpoint {self.endpoint}: cannot list models ({_describe(e)}); "
-                                "check the URL, or pass --served-model") from None
-            if len(models) != 1:
-                raise UserError(f"--endpoint {self.endpoint} serves {len(models)} models "
-                                f"({', '.join(models[:5]) or 'none'}); pick one with --served-model")
-            self.served_model = models[0]
+            response, error, _ = await self._request(self._list_models)
+            if error is not None:
+                raise UserError(f"--endpoint {self.endpoint}: cannot list models ({_describe(error)}); "
+                                "check the URL, or pass --served-model")
+            if len(response) != 1:
+                raise UserError(f"--endpoint {self.endpoint} serves {len(response)} models "
+                                f"({', '.join(response[:5]) or 'none'}); pick one with --served-model")
+            self.served_model = response[0]
         return self.served_model
 
-    async def agenerate(self, messages: list[dict[str, Any]], tools: list[dict]) -> Turn:
+    async def _list_models(self) -> list[str]:
+        return [m.id async for m in self.client.models.list()]
+
+    async def _request(self, make: Callable[[], Any]) -> tuple[Any, Exception | None, int]:
+        """``(response, None, retries)`` or ``(None, error, retries)``; misconfiguration raises a UserError."""
         import openai
 
+        retries = 0
+        while True:
+            try:
+                return await asyncio.wait_for(make(), self.timeout), None, retries
+            except _fatal_errors() as e:  # every request would fail the same way: stop, don't record N failures
+                raise UserError(f"--endpoint {self.endpoint}: {_describe(e)}; check --api-key, --served-model and "
+                                "that the server accepts tools") from None
+            except TimeoutError:
+                error: Exception = DeadlineExceeded(f"no complete response within {self.timeout:g}s")
+            except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
+                error = e
+            except openai.OpenAIError as e:  # e.g. 422: this request is wrong, another may not be
+                return None, e, retries
+            if retries >= self.max_retries:
+                return None, error, retries
+            retries += 1
+            await asyncio.sleep(min(self.backoff * 2 ** (retries - 1), 8.0))
+
+    async def agenerate(self, messages: list[dict[str, Any]], tools: list[dict]) -> Turn:
         started = time.time()
-        try:
-            response = await self.client.chat.completions.create(
-                model=await self.model_name(), messages=[_openai_message(m) for m in messages], tools=tools or None,
-                max_completion_tokens=self.max_new_tokens, temperature=self.temperature)
-        except _fatal_errors() as e:  # every request would fail the same way: stop, don't record N failures
-            raise UserError(f"--endpoint {self.endpoint}: {_describe(e)}; check --api-key, --served-model and "
-                            "that the server accepts tools") from None
-        except openai.OpenAIError as e:
-            return Turn({}, finish_reason="error", seconds=time.time() - started,
-                        error=f"endpoint error: {_describe(e)}")
+        model = await self.model_name()
+        response, error, retries = await self._request(lambda: self.client.chat.completions.create(
+            model=model, messages=[_openai_message(m) for m in messages], tools=tools or None,
+            max_completion_tokens=self.max_new_tokens, temperature=self.temperature))
         seconds = time.time() - started
+        if error is not None:
+            return Turn({}, finish_reason="error", seconds=seconds, error=f"endpoint error: {_describe(error)}",
+                        retries=retries)
         if not response.choices:
-            return Turn({}, finish_reason="error", seconds=seconds, error="endpoint error: no choices in the response")
+            return Turn({}, finish_reason="error", seconds=seconds, error="endpoint error: no choices in the response",
+                        retries=retries)
         choice = response.choices[0]
         message: dict[str, Any] = {"role": "assistant", "content": choice.message.content or ""}
         # vLLM >= 0.11 and OpenRouter say `reasoning`; older vLLM and DeepSeek `reasoning_content`.
@@ -237,7 +290,24 @@ class EndpointPolicy:
         usage = response.usage
         finish = "tool_calls" if message.get("tool_calls") else (choice.finish_reason or "stop")
         return Turn(message, prompt_tokens=usage.prompt_tokens if usage else 0,
-                    completion_tokens=usage.completion_tokens if usage else 0, finish_reason=finish, seconds=seconds)
+                    completion_tokens=usage.completion_tokens if usage else 0, finish_reason=finish, seconds=seconds,
+                    retries=retries)
+
+
+PREFLIGHT_PROMPT = "Reply with the word OK."
+
+
+class DeadlineExceeded(Exception):
+    """A request that did not complete within the policy's total deadline."""
+
+
+def transport_failures(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Episodes that ended on an endpoint error, by error type (``APIConnectionError``: 3, ...)."""
+    import collections
+
+    kinds = (r["error"].removeprefix("endpoint error: ").partition(":")[0] for r in records
+             if (r.get("error") or "").startswith("endpoint error: "))
+    return dict(collections.Counter(kinds).most_common())
 
 
 def _fatal_errors() -> tuple[type[Exception], ...]:
@@ -402,6 +472,7 @@ def score_episodes(episodes: list[Episode], recipe: Any) -> list[dict[str, Any]]
             "reward": totals[i], "rewards": {name: values[i] for name, values in per_reward.items()},
             "metrics": metrics, "success": e.error is None and task.success(metrics), "error": e.error,
             "stopped_by": e.stopped_by, "answer": e.row.get("answer"),
+            "retries": sum(t.get("retries", 0) for t in e.turns),
             "prediction": final_answer(completion_text(e.completion)),
         })
     return records
@@ -421,7 +492,8 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
             served_model: str | None = None, concurrency: int = 8, backend: str = "hf", split: str = "eval",
             limit: int | None = None, out: str | Path | None = None, sft_out: str | Path | None = None,
             temperature: float = 0.0, max_new_tokens: int | None = None, tool_timeout: float = 30.0,
-            smoke: bool = False, overrides: list[str] | None = None, show_progress: bool = True) -> dict[str, Any]:
+            timeout: float = 120.0, retries: int = 2, smoke: bool = False, overrides: list[str] | None = None,
+            show_progress: bool = True) -> dict[str, Any]:
     """Run the recipe's agent on a split; write ``trajectories.jsonl`` (and successful ones as SFT rows)."""
     from rlkit.evaluate import resolve_target
 
@@ -440,12 +512,13 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
     rows, make_env = _episode_rows(recipe, split, limit), make_factory(recipe)
     policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
                                 served_model=served_model, backend=backend, temperature=temperature,
-                                max_new_tokens=max_new_tokens)
+                                max_new_tokens=max_new_tokens, timeout=timeout, retries=retries)
     records = _play(recipe, rows, make_env, policy, tool_timeout, concurrency, show_progress)
     path = Path(out) if out else _free_path(_default_dir(recipe.name, run_dir, label) / "trajectories.jsonl")
     runs.write_jsonl(records, path)
     result: dict[str, Any] = {"path": str(path), "episodes": len(records),
-                              "successes": sum(r["success"] for r in records)}
+                              "successes": sum(r["success"] for r in records),
+                              "transport_failures": transport_failures(records)}
     if sft_out is not None:
         from rlkit.envs import tool_schemas
 
@@ -498,7 +571,8 @@ def _play(recipe: Any, rows: list[dict[str, Any]], make_env: Callable[[], Any], 
 
 def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, endpoint: str | None = None,
                 api_key: str | None = None, served_model: str | None = None, backend: str = "hf",
-                temperature: float = 0.0, max_new_tokens: int | None = None) -> tuple[Any, str]:
+                temperature: float = 0.0, max_new_tokens: int | None = None, timeout: float = 120.0,
+                retries: int = 2) -> tuple[Any, str]:
     """(policy, label) for an endpoint, vLLM on this GPU, or a local hf model (run dir, adapter, merged or base)."""
     import os
 
@@ -511,8 +585,8 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
         secrets.register(key)  # masked in logs, errors and trajectories from here on
         # The recipe's chat_template_kwargs are the student's; a teacher endpoint gets its own defaults.
         policy = EndpointPolicy(endpoint, api_key=key, served_model=served_model, max_new_tokens=max_new_tokens,
-                                temperature=temperature)
-        return policy, served_model or endpoint.rstrip("/").removesuffix("/v1").rpartition("//")[2]
+                                temperature=temperature, timeout=timeout, max_retries=retries)
+        return policy, policy.preflight()  # outputs are named after the served model, not host:port
     if backend == "vllm":
         from rlkit.backends import hf
         from rlkit.recipe import cuda_available

@@ -3,8 +3,11 @@
 It speaks the real protocol over real HTTP (``GET /v1/models``, ``POST /v1/chat/completions``) so
 rlkit's endpoint policy is exercised through the ``openai`` client exactly as against vLLM or a
 hosted teacher. ``reply(request) -> dict`` returns either an assistant message (``content`` and/or
-``tool_calls`` with ``name`` and ``arguments`` dict), ``{"status": 500}`` for an HTTP error, or
-``{"sleep": seconds, ...}`` to answer late.
+``tool_calls`` with ``name`` and ``arguments`` dict), ``{"status": 500}`` for an HTTP error,
+``{"sleep": seconds, ...}`` to answer late, or ``{"trickle": seconds, ...}`` to send the answer one byte
+every ``seconds`` (a server that never times out a read). Like vLLM, it answers 404 to a request for a
+model it does not serve. rlkit's preflight request goes to ``preflight`` (default: answer "OK") and is
+kept in ``preflights``, not in ``requests``, so a test's script sees only episode requests.
 """
 
 from __future__ import annotations
@@ -16,11 +19,16 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from rlkit.rollout import PREFLIGHT_PROMPT
+
 
 class ScriptedServer:
-    def __init__(self, reply: Callable[[dict[str, Any]], dict[str, Any]], model: str = "scripted-teacher") -> None:
+    def __init__(self, reply: Callable[[dict[str, Any]], dict[str, Any]], model: str = "scripted-teacher",
+                 preflight: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.reply, self.model = reply, model
+        self.preflight = preflight or (lambda body: {"content": "OK"})
         self.requests: list[dict[str, Any]] = []
+        self.preflights: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         server = self
 
@@ -37,25 +45,39 @@ class ScriptedServer:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
-                server.headers.append({k.lower(): v for k, v in self.headers.items()})
-                script = server.reply(body)
+                if body.get("model") != server.model:
+                    self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                               "type": "NotFoundError"}})
+                    return
+                if body["messages"] == [{"role": "user", "content": PREFLIGHT_PROMPT}]:
+                    server.preflights.append(body)
+                    script = server.preflight(body)
+                else:
+                    server.requests.append(body)
+                    server.headers.append({k.lower(): v for k, v in self.headers.items()})
+                    script = server.reply(body)
                 if script.get("sleep"):
                     time.sleep(script["sleep"])
                 if script.get("status", 200) != 200:
                     self._send(script["status"], {"error": {"message": script.get("message", "scripted failure"),
                                                            "type": "server_error"}})
                     return
-                self._send(200, server.completion(body, script))
+                self._send(200, server.completion(body, script), trickle=script.get("trickle"))
 
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
+            def _send(self, status: int, payload: dict[str, Any], trickle: float | None = None) -> None:
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
-                    self.wfile.write(data)
+                    if trickle:
+                        for i in range(len(data)):
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(trickle)
+                    else:
+                        self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
                     pass
 

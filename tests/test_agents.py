@@ -182,7 +182,7 @@ def test_request_timeout_and_bad_tool_arguments_are_recorded_not_fatal():
         policy = EndpointPolicy(server.url, api_key=None, served_model=None, max_new_tokens=16, timeout=0.5,
                                 max_retries=0)
         slow, fast = run_episodes(rows, CalculatorEnv, policy, max_turns=2, show_progress=False)
-    assert slow.error == "endpoint error: APITimeoutError: Request timed out." and slow.done
+    assert slow.error == "endpoint error: DeadlineExceeded: no complete response within 0.5s" and slow.done
     assert fast.error is None and fast.tool_calls[0]["error"] and fast.messages[-1]["content"] == "#### 4"
 
 

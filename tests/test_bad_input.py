@@ -163,7 +163,7 @@ def test_per_example_failures_are_recorded_and_the_run_goes_on():
         policy = EndpointPolicy(server.url, api_key=None, served_model=None, max_new_tokens=16, timeout=0.5,
                                 max_retries=0)
         slow, broken, fine = run_episodes(rows, CalculatorEnv, policy, max_turns=2, show_progress=False)
-    assert slow.error == "endpoint error: APITimeoutError: Request timed out."
+    assert slow.error == "endpoint error: DeadlineExceeded: no complete response within 0.5s"
     assert broken.error.startswith("endpoint error: InternalServerError")
     assert fine.error is None and fine.messages[-1]["content"] == "#### 4"
     (call,) = fine.tool_calls  # the model saw the error and answered
