@@ -106,16 +106,30 @@ class PairsSpec(Strict):
     seed: int = 0
 
 
+class CorpusFields(Strict):
+    """Which of the corpus's columns hold a document's id, title, text and extra metadata."""
+
+    id: str | None = Field(None, description="default: the first of id, doc_id, _id a document has")
+    title: str = "title"
+    text: str = Field("text", description="`body` is read when a document has no `text`")
+    metadata: list[str] = Field(default_factory=list, description="columns kept with each passage and shown")
+
+
 class RetrievalSpec(Strict):
     """The corpus a ``search`` tool reads, how it is chunked and indexed (``rlkit index build``)."""
 
-    corpus: str | None = Field(None, description="Hub dataset id (yixuantt/MultiHopRAG) or a local corpus file")
+    corpus: str | None = Field(None, description="a Hub dataset id or a local .jsonl/.json/.parquet/.csv file")
+    corpus_config: str | None = Field(None, description="the Hub dataset's config (MultiHop-RAG: corpus)")
+    corpus_split: str = "train"
     synthetic: int | None = Field(None, gt=0, description="generate this many articles instead (smoke runs, tests)")
     seed: int = 0
-    format: Literal["auto", "multihop_rag", "jsonl", "hotpotqa"] = "auto"
-    chunk_tokens: int = Field(200, gt=0)
+    # json: an array of objects; hotpotqa: an object keyed by title; multihop_rag: an array of {title, body, ...}
+    format: Literal["auto", "jsonl", "json", "hotpotqa", "multihop_rag", "parquet", "csv", "hub"] = "auto"
+    fields: CorpusFields = Field(default_factory=CorpusFields)
+    chunk_tokens: int = Field(200, gt=0, description="chunk size, counted in `tokenizer`'s tokens (or words, chars)")
     chunk_overlap: int = Field(0, ge=0)
-    tokenizer: str | None = Field(None, description="tokenizer counting chunk tokens; default: model.name_or_path")
+    tokenizer: str | None = Field(None, description="what counts chunk tokens: a tokenizer id or path, `words` or "
+                                  "`chars` (no tokenizer needed); default: model.name_or_path")
     method: Literal["bm25", "dense", "hybrid"] = "bm25"
     dense_model: str = "intfloat/e5-base-v2"
     rrf_k: int = Field(60, gt=0, description="reciprocal rank fusion constant (hybrid)")

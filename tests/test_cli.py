@@ -15,8 +15,8 @@ from rlkit.recipe import recipes_dir
 RLKIT = shutil.which("rlkit", path=str(Path(sys.executable).parent)) or shutil.which("rlkit")
 
 
-def rlkit(*args, cwd=None, timeout=300):
-    env = {**os.environ, "RLKIT_LOG_LEVEL": "WARNING"}
+def rlkit(*args, cwd=None, timeout=300, env=None):
+    env = {**os.environ, "RLKIT_LOG_LEVEL": "WARNING", **(env or {})}
     return subprocess.run([RLKIT, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 

@@ -160,8 +160,10 @@ def test_loaders_read_each_format(tmp_path):
     ("notext.jsonl", '{"title": "x"}\n', "jsonl", r"notext\.jsonl: line 1 needs a string `text`"),
     ("empty.json", "[]", "multihop_rag", r"empty\.json: the corpus is empty"),
     ("nobody.json", '[{"title": "t", "text": "x"}]', "multihop_rag", r"article 0 needs string `title` and `body`"),
-    ("odd.json", '[{"title": "t", "text": "x"}]', "auto", r"odd\.json: cannot tell the corpus format"),
-    ("shape.json", '{"T": "not a list"}', "hotpotqa", r"'T' must map to a list of sentences"),
+    ("odd.json", '[1, 2]', "auto", r"odd\.json: cannot tell the corpus format"),
+    ("notext.json", '[{"title": "t", "body2": "x"}]', "json", r"item 0 needs a string `text`.*its keys: title, body2"),
+    ("dup.jsonl", '{"id": 1, "text": "a"}\n{"id": 1, "text": "b"}\n', "auto", r"documents 0 and 1 share the id '1'"),
+    ("shape.json", '{"T": 3}', "hotpotqa", r"'T' must map to a list of sentences, a text or an object"),
     ("broken.json", "{", "auto", r"broken\.json: not valid JSON \(line 1"),
 ])
 def test_loader_errors_are_one_line_user_errors(tmp_path, name, content, fmt, message):
@@ -178,7 +180,7 @@ def test_missing_file_and_unreachable_hub_are_user_errors(tmp_path):
         load_documents(RetrievalSpec(corpus=str(tmp_path)))
     with pytest.raises(UserError, match=r"retrieval.tokenizer: give a tokenizer"):
         build_retriever(RetrievalSpec(synthetic=4, cache_dir=str(tmp_path)), model_name=None)
-    with pytest.raises(UserError, match=r"only MultiHop-RAG corpora load from the Hub"):
+    with pytest.raises(UserError, match=r"format 'hotpotqa' reads a local file"):
         load_documents(RetrievalSpec(corpus="someone/corpus", format="hotpotqa"))
     with pytest.raises(UserError, match=r"cannot load 'yixuantt/MultiHopRAG' \(config `corpus`\) from the Hub"):
         load_documents(RetrievalSpec(corpus="yixuantt/MultiHopRAG"))  # tests run with HF_DATASETS_OFFLINE=1
@@ -203,7 +205,8 @@ def test_search_by_words_of_a_fact_returns_its_article(retriever):
     passages = retriever.search(corpus[0]["title"])
     assert len(passages) == 3  # spec.top_k
     assert [p.score for p in passages] == sorted((p.score for p in passages), reverse=True)
-    assert set(passages[0].to_dict()) == {"id", "title", "text", "source", "published_at", "url", "score"}
+    assert set(passages[0].to_dict()) == {"id", "title", "text", "source", "published_at", "url", "score", "doc_id",
+                                          "metadata"}
     assert retriever.search("   ") == [] and retriever.search("zzyzx qwertyuiop") == []
     assert retriever.search_batch(["", corpus[1]["title"], "the of and"]) == [[], retriever.search(corpus[1]["title"]), []]
 

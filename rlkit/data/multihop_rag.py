@@ -31,6 +31,12 @@ PROMPTS = {
     "default": _INSTRUCTIONS,
     "thinking": _INSTRUCTIONS + " Think briefly before each search and before answering: a few sentences at most.",
 }
+# What the `search` tool says about this corpus (the generic retrieval env describes no corpus in particular).
+SEARCH_DESCRIPTION = (
+    "Search the news articles for passages relevant to a query. Name the entities, outlets and dates you are "
+    "looking for (e.g. \"TechCrunch OpenAI board October 2023\"); each search returns the best-matching passages, "
+    "each with its title, source, publication date and text."
+)
 _REQUIRED = ("query", "answer", "question_type", "evidence_list")
 # The default synthetic corpus; `retrieval: {synthetic: ...}` in a smoke run uses the same numbers.
 SYNTHETIC_ARTICLES = 40
@@ -110,10 +116,11 @@ def sft_rows(ds, prompt: str = "default"):
 
 
 def search_tool_schemas() -> list[dict[str, Any]]:
-    from rlkit.envs import class_tool_schemas
-    from rlkit.envs.retrieval import RetrievalEnv
+    from transformers.utils import get_json_schema
 
-    return class_tool_schemas(RetrievalEnv)
+    from rlkit.envs.retrieval import search_function
+
+    return [get_json_schema(search_function(SEARCH_DESCRIPTION))]
 
 
 def retrieval_queries(ds) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ ignoring case and spacing, searched again in the episode), which the trainer log
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from typing import Any
 
 from rlkit.errors import UserError
@@ -17,26 +19,35 @@ from rlkit.retrieval.corpus import byline
 
 
 class RetrievalEnv:
-    """One search tool per rollout; `top_k` passages per search (default: `retrieval.top_k`)."""
+    """One search tool per rollout; `top_k` passages per search (default: `retrieval.top_k`).
 
-    def __init__(self, retriever: Any, top_k: int | None = None) -> None:
+    `description` is what the model reads about the tool (its schema's description): say what the
+    collection holds and how to search it. The default describes a generic document collection.
+    """
+
+    def __init__(self, retriever: Any, top_k: int | None = None, description: str | None = None) -> None:
         self.retriever = retriever
         self.top_k = top_k or retriever.spec.top_k
+        if description:
+            # TRL and rlkit read a tool's schema from its method's docstring: this instance gets its own.
+            self.search = types.MethodType(search_function(description), self)
         self.reset()
 
     def reset(self, **row) -> None:
         self.queries: list[str] = []
         self.retrieved: list[list[str]] = []
+        # Every search and what it returned, ids included: what trajectories record and evidence recall reads.
+        self.searches: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {"searches": 0.0, "empty_results": 0.0, "repeated_queries": 0.0}
 
     def search(self, query: str) -> str:
         """Search the document collection for passages relevant to a query.
 
-        Name the entities, outlets and dates you are looking for; each search returns the best-matching
-        passages, each with its title, source, publication date and text.
+        Each search returns the best-matching passages, each with its title and text. Search again with
+        other words when the results do not hold what you need.
 
         Args:
-            query: Keywords or a question, e.g. "TechCrunch OpenAI board October 2023".
+            query: Keywords or a question naming what you are looking for.
 
         Returns:
             The passages found, numbered, or "No results.".
@@ -49,6 +60,8 @@ class RetrievalEnv:
         passages = self.retriever.search(query, k=self.top_k)
         self.queries.append(query)
         self.retrieved.append([p.id for p in passages])
+        self.searches.append({"query": query, "results": [
+            {"id": p.id, "doc_id": p.doc_id, "title": p.title, "score": round(float(p.score), 4)} for p in passages]})
         self.metrics["searches"] += 1
         if not passages:
             self.metrics["empty_results"] += 1
@@ -56,9 +69,23 @@ class RetrievalEnv:
         return "\n\n".join(format_passage(i, p) for i, p in enumerate(passages, start=1))
 
 
+def search_function(description: str | None = None) -> Callable[..., str]:
+    """`RetrievalEnv.search` with `description` as the tool's description (its query argument stays documented)."""
+    base = RetrievalEnv.search
+    if not description:
+        return base
+    func = types.FunctionType(base.__code__, base.__globals__, base.__name__, base.__defaults__, base.__closure__)
+    func.__annotations__, func.__qualname__ = dict(base.__annotations__), base.__qualname__
+    _, sep, args = base.__doc__.partition("Args:")
+    func.__doc__ = description.strip() + "\n\n        " + sep + args
+    return func
+
+
 def format_passage(number: int, passage: Any) -> str:
     """A passage as the `search` tool shows it: `[n] Title (Source, October 5, 2023)`, then the text."""
     by = byline(passage.source, passage.published_at)
+    extra = "; ".join(f"{k}: {v}" for k, v in (getattr(passage, "metadata", None) or {}).items())
+    by = "; ".join(part for part in (by, extra) if part)
     header = f"[{number}] {passage.title}" + (f" ({by})" if by else "")
     return f"{header}\n{passage.text.strip()}"
 
@@ -70,5 +97,19 @@ def factory_kwargs(recipe: Any) -> dict[str, Any]:
                         "an article count) in the recipe")
     from rlkit.retrieval import build_retriever
 
-    return {"retriever": build_retriever(recipe.retrieval, model_name=recipe.model.name_or_path,
-                                         show_progress=True)}
+    kwargs: dict[str, Any] = {"retriever": build_retriever(recipe.retrieval, model_name=recipe.model.name_or_path,
+                                                           show_progress=True)}
+    # A task preset (MultiHop-RAG's news articles) may describe its corpus; env.args.description wins.
+    preset = _task_description(recipe)
+    if preset and "description" not in (getattr(recipe.env, "args", None) or {}):
+        kwargs["description"] = preset
+    return kwargs
+
+
+def _task_description(recipe: Any) -> str | None:
+    data = getattr(recipe, "data", None)
+    if data is None:
+        return None
+    from rlkit.data import get_task
+
+    return getattr(get_task(data.task), "SEARCH_DESCRIPTION", None)

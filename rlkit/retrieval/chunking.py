@@ -4,11 +4,13 @@ A chunk is a window of at most `chunk_tokens` tokens of one document; consecutiv
 `chunk_overlap` tokens. Its text is the slice of the document from the window's first token's start to
 its last token's end (the offsets mapping, never `decode`), so a sentence that appears verbatim in a
 document appears verbatim in any chunk whose window covers it. Tokens are counted with the policy's own
-tokenizer by default, so "200 tokens" means what the model will read.
+tokenizer by default, so "200 tokens" means what the model will read; `retrieval.tokenizer: words` (runs
+of non-space characters) or `chars` chunk without any tokenizer, which an endpoint rollout offline needs.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from rlkit.errors import UserError
@@ -19,16 +21,37 @@ from rlkit.retrieval.corpus import Document
 class Chunk(Document):
     """A piece of one document, with that document's metadata."""
 
-    id: str  # "{doc_index}:{chunk_index}", stable for a given corpus and chunking
+    id: str  # "{doc_index}:{chunk_index}", stable for a given corpus and chunking; `doc_id` is the user's
+
+
+WINDOWS = ("words", "chars")  # `retrieval.tokenizer` values that need no tokenizer
+
+
+class WindowTokenizer:
+    """Words (runs of non-space characters) or characters as tokens, with the offsets chunking cuts on."""
+
+    def __init__(self, unit: str) -> None:
+        self.pattern = re.compile(r"\S+" if unit == "words" else r"(?s).")
+
+    def __call__(self, text: str, **kwargs) -> dict[str, list[tuple[int, int]]]:
+        return {"offset_mapping": [m.span() for m in self.pattern.finditer(text)]}
 
 
 def load_tokenizer(name: str):
-    """A fast (Rust) tokenizer: only those report the character offsets chunking cuts on."""
+    """A fast (Rust) tokenizer, which alone reports the character offsets chunking cuts on, or a word/char window."""
+    if name in WINDOWS:
+        return WindowTokenizer(name)
     from transformers import AutoTokenizer
 
     from rlkit.tiny import resolve_model_id
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_id(name))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_id(name))
+    except (OSError, ValueError) as e:  # not cached offline, no such repo or path, no tokenizer files
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"retrieval.tokenizer: cannot load the tokenizer {name!r} that counts chunk tokens "
+                        f"({reason}); name one that is available, or set `retrieval.tokenizer: words` "
+                        "(or chars) to chunk without one") from None
     if not tokenizer.is_fast:
         raise UserError(f"retrieval.tokenizer: {name!r} has no fast tokenizer; chunking needs character offsets")
     return tokenizer

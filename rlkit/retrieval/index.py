@@ -33,7 +33,7 @@ from rlkit.errors import UserError
 from rlkit.retrieval.chunking import Chunk, chunk_documents, load_tokenizer
 from rlkit.retrieval.corpus import byline, corpus_identity, load_documents
 
-INDEX_VERSION = "rlkit-index-v1"  # bump when the files or the indexed text change
+INDEX_VERSION = "rlkit-index-v2"  # bump when the files or the indexed text change
 FUSION_DEPTH = 100  # hybrid: candidates taken from each ranking before fusion
 _EMBED_BATCH = 64
 
@@ -49,6 +49,8 @@ class Passage:
     published_at: str | None
     url: str | None
     score: float
+    doc_id: str | None = None  # the user's document id (`retrieval.fields.id`), shared by its chunks
+    metadata: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,7 +102,7 @@ class Retriever:
     def _passage(self, index: int, score: float) -> Passage:
         c = self.chunks[index]
         return Passage(id=c.id, title=c.title, text=c.text, source=c.source, published_at=c.published_at,
-                       url=c.url, score=score)
+                       url=c.url, score=score, doc_id=c.doc_id, metadata=c.metadata or None)
 
     def _bm25_rank(self, texts: list[str], k: int) -> list[list[tuple[int, float]]]:
         docs, scores = self._bm25.retrieve(_bm25_tokens(texts, ids=False), k=k, show_progress=False)
@@ -220,7 +222,9 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def _indexed_text(chunk: Chunk) -> str:
-    return "\n".join(part for part in (chunk.title, byline(chunk.source, chunk.published_at), chunk.text) if part)
+    metadata = " ".join(chunk.metadata.values()) if chunk.metadata else ""
+    return "\n".join(part for part in (chunk.title, byline(chunk.source, chunk.published_at), metadata, chunk.text)
+                     if part)
 
 
 def _bm25_tokens(texts: list[str], ids: bool):
