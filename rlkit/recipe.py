@@ -72,6 +72,8 @@ class DataSource(Strict):
     synthetic: int | None = Field(None, gt=0, description="generate this many rows with the task's generator")
     seed: int = 0
     generator: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the generator")
+    # rlkit's column name -> the file's (tasks that map columns, e.g. qa); default: `data.columns`
+    columns: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSource:
@@ -84,8 +86,21 @@ class DataSpec(Strict):
     task: str
     train: DataSource
     eval: DataSource | None = None
-    # The task's prompt variant (its ``PROMPTS``), e.g. gsm8k `calculator` or multihop_rag `thinking`.
+    # The task's prompt variant (its ``PROMPTS``), e.g. gsm8k `calculator` or multihop_rag `thinking`;
+    # for qa and multihop_rag also a file holding the system prompt, or the text itself.
     prompt: str = "default"
+    # rlkit's column name -> the user's, for both splits (qa: question, answer, aliases, id, type, supporting_ids).
+    columns: dict[str, str] = Field(default_factory=dict)
+    # When a rollout episode counts as a success (what `--sft-out` keeps): em | f1>=X | accuracy | task
+    # (the task's own rule). Default: the task's rule, which for QA tasks is em.
+    success: str | None = Field(None, pattern=r"^(em|accuracy|task|f1\s*>=\s*(0(\.\d+)?|1(\.0+)?|\.\d+))$")
+
+    @model_validator(mode="after")
+    def _split_columns(self) -> DataSpec:
+        for source in (self.train, self.eval):
+            if source is not None and source.columns is None and self.columns:
+                source.columns = dict(self.columns)
+        return self
 
 
 class RewardSpec(Strict):
@@ -314,10 +329,24 @@ def validate(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
 
 
 def _check_task_prompt(recipe: Recipe, source: str) -> None:
-    from rlkit.data import get_task
+    from rlkit.data import get_task, resolve_prompt
 
-    prompts = getattr(get_task(recipe.data.task), "PROMPTS", {"default": None})
-    if recipe.data.prompt not in prompts:
+    task = get_task(recipe.data.task)
+    columns = {**recipe.data.columns, **(recipe.data.train.columns or {}),
+               **((recipe.data.eval.columns if recipe.data.eval else None) or {})}
+    valid = getattr(task, "COLUMNS", ())
+    for key in columns:
+        if key not in valid:
+            raise UserError(f"{source}: data.columns.{key}: " + (
+                f"task {recipe.data.task!r} maps no columns" if not valid else
+                f"not a column of task {recipe.data.task!r}{_suggest(key, valid)}; valid: {', '.join(valid)}"))
+    prompts = getattr(task, "PROMPTS", {"default": None})
+    if getattr(task, "CUSTOM_PROMPTS", False):
+        try:
+            resolve_prompt(task, recipe.data.prompt)
+        except UserError as e:
+            raise UserError(f"{source}: {e}") from None
+    elif recipe.data.prompt not in prompts:
         raise UserError(f"{source}: data.prompt: task {recipe.data.task!r} has no prompt {recipe.data.prompt!r}"
                         f"{_suggest(recipe.data.prompt, prompts)}; valid: {', '.join(prompts)}")
 

@@ -22,6 +22,7 @@ TASKS = {
     "preference": "rlkit.data.preference",
     "hh_rlhf": "rlkit.data.hh_rlhf",
     "multihop_rag": "rlkit.data.multihop_rag",
+    "qa": "rlkit.data.qa",
 }
 
 
@@ -61,7 +62,50 @@ def task_rows(recipe: Any, kind: str, ds):
     build = getattr(task, f"{kind}_rows", None)
     if build is None:
         raise UserError(f"task {recipe.data.task!r} has no {kind} rows")
-    return build(ds, prompt=recipe.data.prompt) if hasattr(task, "PROMPTS") else build(ds)
+    return build(ds, prompt=resolve_prompt(task, recipe.data.prompt)) if hasattr(task, "PROMPTS") else build(ds)
+
+
+def resolve_prompt(task: ModuleType, value: str) -> str:
+    """``data.prompt``: a name in the task's ``PROMPTS`` stays a name; for tasks with ``CUSTOM_PROMPTS`` a
+    file's contents or the text itself (anything with a space) is the system prompt."""
+    from pathlib import Path
+
+    prompts = getattr(task, "PROMPTS", {})
+    if value in prompts or not getattr(task, "CUSTOM_PROMPTS", False):
+        return value
+    path = Path(value).expanduser()
+    if path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        if not text:
+            raise UserError(f"data.prompt: {value} is empty")
+        return text
+    if path.suffix in (".txt", ".md", ".jinja") or "/" in value:
+        raise UserError(f"data.prompt: no such prompt file {value}")
+    if len(value.split()) > 1:
+        return value
+    import difflib
+
+    close = difflib.get_close_matches(value, prompts, n=1, cutoff=0.6)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    name = task.__name__.rpartition(".")[2]
+    raise UserError(f"data.prompt: task {name!r} has no prompt {value!r}{hint}; give one of {', '.join(prompts)}, "
+                    "a prompt file, or the prompt text itself")
+
+
+def success_rule(recipe: Any) -> Any:
+    """``metrics -> bool`` for ``data.success`` (em | f1>=X | accuracy | task), default the task's rule."""
+    import re
+
+    rule = recipe.data.success
+    task = get_task(recipe.data.task)
+    if rule is None or rule == "task":
+        return task.success
+    if rule == "em":
+        return lambda metrics: metrics.get("em") == 1.0
+    if rule == "accuracy":
+        return lambda metrics: metrics.get("accuracy") == 1.0
+    threshold = float(re.sub(r"^f1\s*>=\s*", "", rule))
+    return lambda metrics: (metrics.get("f1") or 0.0) >= threshold
 
 
 def load_preference_rows(task_name: str, source: Any):

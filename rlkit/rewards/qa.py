@@ -20,6 +20,7 @@ score.
 import collections
 import re
 import string
+from collections.abc import Sequence
 
 from rlkit.rewards.math import completion_text, strip_think
 
@@ -85,14 +86,18 @@ def accuracy(prediction: str, gold: str) -> float:
     return float(bool(set(prediction.lower().split()) & set(gold.lower().split())))
 
 
-def qa_scores(prediction_text: str, gold: str) -> dict[str, float]:
-    """EM, F1 and accuracy of a reply's ``final_answer`` against the gold.
+def qa_scores(prediction_text: str, gold: str, aliases: Sequence[str] = ()) -> dict[str, float]:
+    """EM, F1 and accuracy of a reply's ``final_answer``, each the best over the gold and its ``aliases``.
 
     >>> qa_scores("<answer>The Fed</answer>", "Federal Reserve")
     {'em': 0.0, 'f1': 0.0, 'accuracy': 0.0}
+    >>> qa_scores("<answer>UK</answer>", "United Kingdom", ["U.K.", "Britain"])
+    {'em': 1.0, 'f1': 1.0, 'accuracy': 0.0}
     """
     prediction = final_answer(prediction_text)
-    return {"em": exact_match(prediction, gold), "f1": f1(prediction, gold), "accuracy": accuracy(prediction, gold)}
+    golds = [gold, *aliases]
+    return {name: max(metric(prediction, g) for g in golds) for name, metric in
+            (("em", exact_match), ("f1", f1), ("accuracy", accuracy))}
 
 
 _REWARD_METRICS = {"em": exact_match, "f1": f1}
@@ -101,7 +106,8 @@ _REWARD_METRICS = {"em": exact_match, "f1": f1}
 def qa_correct(completions: list, answer: list, scale: float = 2.0, metric: str = "f1", **kwargs) -> list[float]:
     """``scale`` times the F1 (or EM, ``metric="em"``) of each completion's final answer against the gold.
 
-    ``answer`` is the dataset's gold column; a gold that is not a string scores 0.0.
+    ``answer`` is the dataset's gold column; a gold that is not a string scores 0.0. With an ``aliases``
+    column (the ``qa`` task's), the best score over the answer and its aliases counts.
 
     >>> qa_correct(["<answer>Lyon</answer>", "Answer: the city of Lyon", None], answer=["Lyon"] * 3)
     [2.0, 1.0, 0.0]
@@ -109,9 +115,11 @@ def qa_correct(completions: list, answer: list, scale: float = 2.0, metric: str 
     if metric not in _REWARD_METRICS:
         raise ValueError(f"qa_correct: unknown metric {metric!r}; valid: {', '.join(_REWARD_METRICS)}")
     score = _REWARD_METRICS[metric]
+    aliases = kwargs.get("aliases") or [()] * len(answer)
     return [
-        scale * score(final_answer(completion_text(completion)), gold) if isinstance(gold, str) else 0.0
-        for completion, gold in zip(completions, answer, strict=True)
+        scale * max(score(final_answer(completion_text(completion)), g) for g in [gold, *(others or ())])
+        if isinstance(gold, str) else 0.0
+        for completion, gold, others in zip(completions, answer, aliases, strict=True)
     ]
 
 
