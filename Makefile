@@ -8,8 +8,9 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 UNSLOTH_DISABLE_CPU_FALLBACK=1
 SMOKE ?=
 SMOKE_FLAG := $(if $(SMOKE),--smoke,)
 SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
+HOTPOTQA ?= ../shared/data/hotpotqa_closed
 
-.PHONY: install test demo sft-then-rl lint clean bench
+.PHONY: install test demo sft-then-rl lint clean bench hotpotqa-data
 
 install: $(STAMP)
 
@@ -42,3 +43,8 @@ lint: install
 
 clean:
 	rm -rf $(VENV) runs evals rollouts .pytest_cache
+
+# The bring-your-own-data example's data (README "Bring your own data"): HotpotQA's closed set written as a
+# user's QA JSONL with its own column names and a JSON-array corpus, into the git-ignored data/hotpotqa_byod/.
+hotpotqa-data:
+	$(PYTHON) examples/hotpotqa_byod.py $(HOTPOTQA) data/hotpotqa_byod

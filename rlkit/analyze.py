@@ -1,6 +1,7 @@
 """``rlkit analyze``: a report on the episodes in a ``trajectories.jsonl`` written by the rollout engine.
 
-Sections: answer quality (EM / F1 / accuracy, reward, success rate) per ``question_type``; rounds
+Sections: answer quality (EM / F1 / accuracy, evidence recall when the questions name their supporting
+ids, reward, success rate) per ``question_type``; rounds
 and tool calls per episode; token usage in the last turn and summed over the episode; each of these
 for all episodes and split by the ``success`` flag; per-tool calls and failures; episode errors by
 message prefix (the text before the first colon: "timeout", "endpoint error"); turn finish reasons;
@@ -28,6 +29,8 @@ from rlkit.rewards.think import approx_tokens, think_spans
 
 TRAJECTORIES = "trajectories.jsonl"
 QUALITY = ("em", "f1", "accuracy")
+# Share of a question's supporting ids its searches retrieved (rollouts of tasks with supporting ids).
+EVIDENCE = "evidence_recall"
 TOKENS = ("prompt", "completion", "total")
 SPLITS = ("all", "success", "failure")
 
@@ -94,7 +97,7 @@ def _episode(record: dict, where: str) -> dict:
         "success": record.get("success") is True,
         "error": record.get("error"),
         "reward": record.get("reward"),
-        "metrics": {key: _number(metrics, key, where) for key in QUALITY},
+        "metrics": {key: _number(metrics, key, where) for key in (*QUALITY, EVIDENCE)},
         "rounds": rounds,
         "tool_calls": [{"name": str(call.get("name")), "failed": call.get("error") is not None,
                         "seconds": _number(call, "seconds", where)} for call in record.get("tool_calls") or []],
@@ -127,6 +130,9 @@ def _quality(episodes: list[dict]) -> dict[str, Any]:
     row: dict[str, Any] = {"n": len(episodes)}
     for key in QUALITY:
         row[key] = _mean([e["metrics"][key] for e in episodes if e["metrics"][key] is not None])
+    recall = [e["metrics"][EVIDENCE] for e in episodes if e["metrics"][EVIDENCE] is not None]
+    if recall:  # only rollouts whose questions name their supporting ids
+        row[EVIDENCE] = _mean(recall)
     row["reward"] = _mean([e["reward"] for e in episodes if e["reward"] is not None])
     row["success_rate"] = _mean([float(e["success"]) for e in episodes])
     return row
@@ -180,8 +186,13 @@ def _counts(values) -> dict[str, int]:
 def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     outcomes = report["outcomes"]
     quality = ["em", "f1", "accuracy", "reward", "success_rate"]
-    answers = [[name, *_cells(row, ["n", *quality])] for name, row in report["answers"].items()]
-    answers += [[f"{split} episodes", *_cells(outcomes[split], ["n", *quality])] for split in SPLITS[1:]]
+    quality_header = ["EM", "F1", "accuracy", "reward", "success rate"]
+    if report["answers"]["all"].get(EVIDENCE) is not None:  # only rollouts whose questions name their evidence
+        quality.insert(3, EVIDENCE)
+        quality_header.insert(3, "evidence recall")
+    answers = [[name, *_cells({EVIDENCE: None, **row}, ["n", *quality])] for name, row in report["answers"].items()]
+    answers += [[f"{split} episodes", *_cells({EVIDENCE: None, **outcomes[split]}, ["n", *quality])]
+                for split in SPLITS[1:]]
     stats = ["mean", "median", "p90", "max"]
 
     def distribution(key: str) -> list[list[str]]:
@@ -194,7 +205,7 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
     thinking = [[split, *_cells(report["thinking"][split], ["turns", "well_formed"]),
                  *_cells(report["thinking"][split]["think_tokens"], stats, digits=1)] for split in SPLITS]
     return [
-        ("answers", ["question type", "n", "EM", "F1", "accuracy", "reward", "success rate"], answers),
+        ("answers", ["question type", "n", *quality_header], answers),
         ("rounds per episode", ["episodes", "n", *stats, "histogram (rounds:episodes)"], distribution("rounds")),
         ("tool calls per episode", ["episodes", "n", *stats, "histogram (calls:episodes)"],
          distribution("tool_calls")),

@@ -228,16 +228,16 @@ def index_eval(
     recipe: Path = typer.Argument(..., help="A recipe with `retrieval:` and queries with gold evidence."),
     split: str = typer.Option("eval", "--split", help="Which data split's queries: eval or train."),
     limit: int = typer.Option(None, "--limit", min=1, help="The first N queries."),
+    k: str = typer.Option("1,2,5,10", "--k", help="Depths to score at, comma-separated, e.g. 1,2,5,10."),
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
 ) -> None:
-    """Hits@4, Hits@10 and MRR@10 over the queries that have evidence (MultiHop-RAG's hit definition)."""
-    from rich.table import Table
-
+    """Passage recall, Hits, MRR and MAP at each k over the queries with gold evidence (by id when ids exist)."""
     from rlkit.data import get_task, load_rows
     from rlkit.retrieval import build_retriever
     from rlkit.retrieval import evaluate as evaluate_retrieval
 
+    ks = _depths(k)
     spec = _retrieval_recipe(recipe, set_, smoke)
     if split not in ("eval", "train"):
         raise UserError(f"--split {split!r}: use eval or train")
@@ -251,14 +251,32 @@ def index_eval(
         source = source.model_copy(update={"limit": limit})
     queries = task.retrieval_queries(load_rows(spec.data.task, source))
     if not queries:
-        raise UserError(f"{recipe}: no queries with evidence in data.{split}")
+        raise UserError(f"{recipe}: no queries with evidence in data.{split} (qa: map data.columns.supporting_ids)")
     retriever = build_retriever(spec.retrieval, model_name=spec.model.name_or_path)
-    metrics = evaluate_retrieval(retriever, queries)
-    table = Table(title=f"retrieval: {spec.name} ({spec.retrieval.method}, {len(retriever)} chunks)")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in metrics.items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    metrics = evaluate_retrieval(retriever, queries, ks)
+    print_retrieval(metrics, ks, f"retrieval: {spec.name} ({spec.retrieval.method}, {len(retriever)} chunks)")
+
+
+def _depths(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        ks = ()
+    if not ks or ks[0] < 1:
+        raise UserError(f"--k {text!r}: give positive depths, comma-separated, e.g. --k 1,2,5,10")
+    return ks
+
+
+def print_retrieval(metrics: dict, ks: tuple[int, ...], title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left",
+                  caption=f"{metrics['n']} queries, matched by {metrics['matched_by']}, "
+                          f"{metrics['queries_per_second']:.0f} queries/s")
+    for i, column in enumerate(("k", "passage recall", "hits", "MRR", "MAP")):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for depth in ks:
+        table.add_row(str(depth), *(f"{metrics[f'{name}@{depth}']:.4f}" for name in ("recall", "hits", "mrr", "map")))
     _console().print(table)
 
 

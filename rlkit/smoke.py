@@ -1,12 +1,14 @@
 """``--smoke``: the same recipe shrunk to run in seconds on a CPU with no downloads.
 
-It swaps in the built-in tiny model, generated data in the task's format, a couple of steps and
-CPU-safe settings, and reports every change it made.
+It swaps in the built-in tiny model, a couple of steps and CPU-safe settings, and reports every change
+it made. Data on the Hub becomes generated data in the task's format; a local data file or corpus file is
+kept (the first 32 training and 8 eval rows), so a user's own data goes through the whole pipeline.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from rlkit.tiny import TINY_MODEL
@@ -74,16 +76,23 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         put(data["pairs"], "max_new_tokens", 24, "pairs.max_new_tokens")
     if isinstance(data.get("env"), dict):
         put(data["env"], "max_turns", 2, "env.max_turns")
-    if isinstance(data.get("retrieval"), dict):  # a generated news corpus, indexed with BM25
+    if isinstance(data.get("retrieval"), dict):  # a local corpus, or a generated news corpus, indexed with BM25
         retrieval = data["retrieval"]
-        put(retrieval, "corpus", None, "retrieval.corpus")
-        put(retrieval, "synthetic", 40, "retrieval.synthetic")
-        put(retrieval, "format", None, "retrieval.format")
+        if not _local_file(retrieval.get("corpus")):
+            put(retrieval, "corpus", None, "retrieval.corpus")
+            put(retrieval, "synthetic", 40, "retrieval.synthetic")
+            for key in ("format", "fields", "corpus_config", "corpus_split"):
+                put(retrieval, key, None, f"retrieval.{key}")
         put(retrieval, "method", "bm25", "retrieval.method")
-        put(retrieval, "tokenizer", None, "retrieval.tokenizer")
+        if retrieval.get("tokenizer") not in ("words", "chars"):  # those need no download
+            put(retrieval, "tokenizer", None, "retrieval.tokenizer")
     task_data = data.setdefault("data", {})
-    put(task_data, "train", {"synthetic": 32, "seed": 0}, "data.train")
-    put(task_data, "eval", {"synthetic": 8, "seed": 1}, "data.eval")
+    for split, rows, seed in (("train", 32, 0), ("eval", 8, 1)):
+        source = task_data.get(split)
+        if isinstance(source, dict) and _local_file(source.get("path")):
+            put(source, "limit", min(source.get("limit") or rows, rows), f"data.{split}.limit")
+        else:
+            put(task_data, split, {"synthetic": rows, "seed": seed}, f"data.{split}")
     put(data.setdefault("eval", {}), "max_new_tokens", 24, "eval.max_new_tokens")
 
     trainer = data.setdefault("trainer", {})
@@ -98,3 +107,7 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if trainer.get("optim", "adamw_torch") not in _CPU_OPTIMIZERS:
         put(trainer, "optim", "adamw_torch", "trainer.optim")
     return data, changes
+
+
+def _local_file(path: Any) -> bool:
+    return isinstance(path, str) and Path(path).expanduser().is_file()

@@ -113,7 +113,9 @@ def test_agent_commands_through_the_console_script(tmp_path):
         again = rlkit("index", "build", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
         assert "80 chunks, loaded from cache" in again.stdout
         scored = rlkit("index", "eval", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
-        assert scored.returncode == 0 and "hits@4" in scored.stdout and "mrr@10" in scored.stdout
+        assert scored.returncode == 0 and "passage recall" in scored.stdout and "MRR" in scored.stdout
+        assert "matched by fact" in scored.stdout
+        assert [line.split()[1] for line in scored.stdout.splitlines() if line.startswith("│")] == ["1", "2", "5", "10"]
         errors = [
             (("rollout", recipes_dir() / "gsm8k_grpo.yaml", "--smoke"), "has no `env:`"),
             (("rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--split", "test"), "--split 'test'"),

@@ -189,7 +189,7 @@ def test_missing_file_and_unreachable_hub_are_user_errors(tmp_path):
 # --- BM25 index, cache -----------------------------------------------------------------------------
 
 def test_bm25_finds_the_evidence_on_synthetic_questions(retriever):
-    metrics = evaluate(retriever, fact_queries(60, 200))
+    metrics = evaluate(retriever, fact_queries(60, 200), ks=(4, 10))
     print(f"\nsynthetic BM25: {metrics}")
     assert metrics["n"] == 150  # the 50 null queries have no facts and are not scored, as upstream
     assert metrics["hits@4"] >= 0.9 and metrics["hits@10"] >= 0.95
@@ -313,7 +313,7 @@ def test_evaluate_follows_multihop_rag_definitions():
     }
     queries = [{"query": "q1", "facts": ["x y", "z"]}, {"query": "q2", "facts": ["gone"]},
                {"query": "q3", "facts": ["a", "c"]}, {"query": "null", "facts": []}]
-    m = evaluate(Fixed(results), queries)
+    m = evaluate(Fixed(results), queries, ks=(4, 10))
     assert m["n"] == 3
     assert m["hits@4"] == pytest.approx(2 / 3) and m["hits@10"] == pytest.approx(2 / 3)
     assert m["mrr@10"] == pytest.approx((1 / 2 + 0 + 1) / 3)
