@@ -79,10 +79,10 @@ def resolve_prompt(task: ModuleType, value: str) -> str:
         if not text:
             raise UserError(f"data.prompt: {value} is empty")
         return text
+    if len(value.split()) > 1:  # text: a prompt file name has no spaces
+        return value
     if path.suffix in (".txt", ".md", ".jinja") or "/" in value:
         raise UserError(f"data.prompt: no such prompt file {value}")
-    if len(value.split()) > 1:
-        return value
     import difflib
 
     close = difflib.get_close_matches(value, prompts, n=1, cutoff=0.6)

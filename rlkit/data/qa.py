@@ -57,13 +57,13 @@ def load(source: Any):
 def canonical(ds, columns: dict[str, str], where: str):
     """``ds`` with rlkit's columns (``COLUMNS``) and values normalised; the user's other columns dropped."""
     mapping = {name: columns.get(name, name) for name in COLUMNS}
-    for name in _REQUIRED:
-        if mapping[name] not in ds.column_names:
-            how = "" if name in columns else f" (map yours with data.columns.{name})"
-            raise UserError(f"{where}: no {name} column `{mapping[name]}`{how}; found {', '.join(ds.column_names)}")
     for name, column in columns.items():
         if column not in ds.column_names:
             raise UserError(f"{where}: data.columns.{name}: no column `{column}`; found {', '.join(ds.column_names)}")
+    for name in _REQUIRED:
+        if mapping[name] not in ds.column_names:
+            raise UserError(f"{where}: no {name} column `{name}` (map yours with data.columns.{name}); "
+                            f"found {', '.join(ds.column_names)}")
     present = {name: column for name, column in mapping.items() if column in ds.column_names}
 
     def row(example: dict[str, Any], index: int) -> dict[str, Any]:
