@@ -308,13 +308,15 @@ def _print_agent_eval(results: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"eval: {results['recipe']} ({results['task']}) — {results['model']}")
-    for col in ("question type", "n", "accuracy", "EM", "F1"):
+    evidence = results.get("evidence_recall") is not None  # questions with supporting ids
+    for col in ("question type", "n", "accuracy", "EM", "F1", *(["evidence recall"] if evidence else [])):
         table.add_column(col, justify="left" if col == "question type" else "right")
     def cell(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"  # GSM8K has no F1
 
     for name, row in results["by_question_type"].items():
-        table.add_row(name, str(row["n"]), cell(row["accuracy"]), cell(row["em"]), cell(row["f1"]))
+        recall = [cell(row.get("evidence_recall"))] if evidence else []
+        table.add_row(name, str(row["n"]), cell(row["accuracy"]), cell(row["em"]), cell(row["f1"]), *recall)
     console = _console()
     console.print(table)
     console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")

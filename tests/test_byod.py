@@ -77,7 +77,9 @@ def test_a_qa_file_with_its_own_column_names_loads_through_data_columns(user_rec
         load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["data.columns={question: q}"], validate_trainer=False)
 
 
-def test_data_prompt_takes_a_name_a_file_or_the_text(user_recipe, tmp_path):
+def test_data_prompt_takes_a_name_a_file_or_the_text(user_recipe, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+
     def system(value):
         recipe = load_recipe(user_recipe, [f"data.prompt={value}"], validate_trainer=False)
         return task_rows(recipe, "grpo", load_rows("qa", recipe.data.train))[0]["prompt"][0]["content"]
@@ -96,6 +98,11 @@ def test_data_prompt_takes_a_name_a_file_or_the_text(user_recipe, tmp_path):
                            smoke=True, validate_trainer=False)
     assert task_rows(multihop, "grpo", load_rows("multihop_rag", multihop.data.train))[0]["prompt"][0][
         "content"] == "Be brief, use search."
+    from rlkit.data.multihop_rag import search_tool_schemas
+    from rlkit.envs.retrieval import factory_kwargs
+
+    assert "news articles" in search_tool_schemas()[0]["function"]["description"]  # the preset's description
+    assert factory_kwargs(multihop)["description"].startswith("Search the news articles")
 
 
 def test_aliases_and_a_success_rule_a_wrong_answer_cannot_pass():
@@ -212,3 +219,16 @@ def test_the_hotpotqa_example_runs_through_every_command_without_conversion(tmp_
     resolved = (tmp_path / "run" / "recipe.resolved.yaml").read_text()
     assert "data/hotpotqa_byod/train.jsonl" in resolved and "limit: 32" in resolved and "page_id" in resolved
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_sft_out_keeps_only_successes_whose_every_tool_call_succeeded():
+    from rlkit.rollout import sft_records
+
+    call = {"name": "search", "arguments": {}, "content": "ok", "error": None}
+    malformed = {**call, "error": "tool arguments are not valid JSON: Expecting value"}
+    records = [{"messages": [{"role": "user", "content": str(i)}], "success": success, "tool_calls": calls}
+               for i, (success, calls) in enumerate([(True, [call]), (True, [call, malformed]), (False, [call]),
+                                                     (True, [])])]
+    rows = sft_records(records, tools=[{"type": "function", "function": {"name": "search"}}])
+    assert [row["messages"][0]["content"] for row in rows] == ["0", "3"]
+    assert json.loads(rows[0]["tools"])[0]["function"]["name"] == "search"
