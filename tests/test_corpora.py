@@ -90,3 +90,11 @@ def test_chars_window_and_an_unavailable_tokenizer_is_one_line(tmp_path):
     assert "`retrieval.tokenizer: words`" in res.stderr
     ok = rlkit("index", "build", recipe, "--set", "retrieval.tokenizer=words", env={"HF_HUB_OFFLINE": "1"})
     assert ok.returncode == 0 and "1 chunks, built" in ok.stdout, ok.stderr
+
+
+def test_a_hub_corpus_goes_through_the_same_fields_and_fails_in_one_line_offline():
+    spec = RetrievalSpec(corpus="someone/wiki-paragraphs", corpus_config="en", fields={"text": "paragraph"})
+    with pytest.raises(UserError) as e:
+        load_documents(spec)  # tests run with HF_DATASETS_OFFLINE=1
+    assert str(e.value).startswith("retrieval.corpus: cannot load 'someone/wiki-paragraphs' (config `en`) from the Hub")
+    assert "\n" not in str(e.value)
