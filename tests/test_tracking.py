@@ -75,7 +75,7 @@ def test_wandb_goes_offline_tensorboard_logs_and_no_secret_is_written_anywhere(t
         res2 = subprocess.run([RLKIT, "rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--endpoint",
                                server.url, "--api-key", FLAG_KEY, "--limit", "2", "--out", out],
                               capture_output=True, text=True, env=env, timeout=300)
-    assert res2.returncode == 0, res2.stderr
+    assert res2.returncode == 1 and "2 of 2 episodes failed on endpoint errors" in res2.stderr  # kept, not ok
     assert "overloaded for ***" in out.read_text()  # recorded per episode, masked
     assert server.headers[0]["authorization"] == f"Bearer {FLAG_KEY}"
     values = [*SECRETS.values(), FLAG_KEY]
