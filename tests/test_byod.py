@@ -163,6 +163,7 @@ def _reader(gold_by_question):
     return reply
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HOTPOTQA.is_dir(), reason="shared/data/hotpotqa_closed is absent")
 def test_the_hotpotqa_example_runs_through_every_command_without_conversion(tmp_path):
     """The README example: user-shaped files in, index eval, endpoint rollout, analyze and a smoke GRPO out."""
