@@ -88,6 +88,10 @@ def test_chars_window_and_an_unavailable_tokenizer_is_one_line(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "retrieval.tokenizer: cannot load the tokenizer 'Qwen/Qwen3-4B-Instruct-2507'" in res.stderr
     assert "`retrieval.tokenizer: words`" in res.stderr
+    (tmp_path / "q.jsonl").write_text('{"question": "Q?", "answer": "A"}\n')
+    rolled = rlkit("rollout", recipe, "--split", "train", "--endpoint", "http://127.0.0.1:9/v1", "--served-model", "m",
+                   env={"HF_HUB_OFFLINE": "1"})  # the index is built before any request: the same one line
+    assert rolled.returncode == 2 and rolled.stderr.strip().splitlines() == res.stderr.strip().splitlines()
     ok = rlkit("index", "build", recipe, "--set", "retrieval.tokenizer=words", env={"HF_HUB_OFFLINE": "1"})
     assert ok.returncode == 0 and "1 chunks, built" in ok.stdout, ok.stderr
 
