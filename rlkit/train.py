@@ -48,10 +48,10 @@ def train(
     for change in recipe.smoke_changes:
         log.info("smoke: %s", change)
     backend = backends.choose(backend_request(recipe))  # before trl is imported (Unsloth's rule)
-    if doctor:
-        _doctor(recipe, str(recipe_path))
     trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path))
     _check_machine(recipe, trainer_cfg, backend, cuda_available())
+    if doctor:
+        _doctor(recipe, str(recipe_path))
 
     if resume and recipe.algorithm == "ppo":
         raise UserError("--resume: TRL's PPOTrainer (trl.experimental) cannot resume from a checkpoint; start again "

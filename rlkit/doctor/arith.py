@@ -107,11 +107,15 @@ def _supervised(ctx: Context, cfg: Any) -> list[Check]:
 def _mean_prompt_tokens(ctx: Context) -> int | None:
     from rlkit.errors import UserError
 
+    rows = ctx.scored_rows
+    if rows is None or "prompt" not in rows.column_names:
+        return None
     try:
         tok = ctx.tokenizer
-    except UserError:
-        return None
-    rows = ctx.train_rows
+    except UserError:  # no tokenizer here: ~4 characters per token, the usual English BPE ratio
+        chars = [sum(len(str(m.get("content") or "")) for m in p) if isinstance(p, list) else len(p)
+                 for p in rows["prompt"]]
+        return round(sum(chars) / len(chars) / 4)
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
                                      **ctx.recipe.model.chat_template_kwargs) if isinstance(p, list) else p
              for p in rows["prompt"]]

@@ -55,8 +55,16 @@ def checks(ctx: Context, *, samples: int | None, endpoint: str | None = None, ap
         make_env, max_turns = make_factory(recipe), recipe.env.max_turns
     else:
         make_env, max_turns = _NoTools, 1
-    policy, label = make_policy(recipe, None, endpoint=endpoint, api_key=api_key, temperature=temperature,
-                                max_new_tokens=max_new)
+    from rlkit.errors import UserError
+
+    try:
+        policy, label = make_policy(recipe, None, endpoint=endpoint, api_key=api_key, temperature=temperature,
+                                    max_new_tokens=max_new)
+    except UserError as e:
+        if endpoint:
+            raise
+        return [Check(F, "probe", "skip", f"cannot load the model here: {e}",
+                      "run where the model is cached, or sample a served copy with --endpoint URL")], {}
     episodes = run_episodes([r for r in row_list for _ in range(samples)], make_env, policy, max_turns=max_turns,
                             show_progress=False)
     rewards = [r["reward"] for r in score_episodes(episodes, recipe)]

@@ -7,8 +7,9 @@ configs for Hub ids that are not cached) and the recipe's settings:
   embeddings and the LM head stay 16-bit (bitsandbytes does not quantize them)
 - LoRA (or full) trainable parameters: fp32 weights and gradients plus AdamW's two states (8-bit with
   ``adamw_8bit``); ``modules_to_save`` copies train whole
-- activations: with gradient checkpointing, each layer's input kept plus one layer recomputed; the
-  logits of the micro-batch in fp32 with their gradient (Unsloth computes them in chunks)
+- activations: with gradient checkpointing, each layer's input kept (Unsloth offloads these to CPU
+  RAM) plus one layer recomputed; the logits of the micro-batch in fp32 with their gradient (Unsloth
+  computes them in chunks)
 - the reference model when ``beta > 0`` and there is no LoRA (with LoRA the reference is the base
   with the adapter disabled: no copy)
 - generation: vLLM colocated reserves ``gpu_memory_utilization`` of the GPU for its weights (shared
@@ -158,7 +159,9 @@ class Plan:
                     trainable += counts["embedding"] * (2 + state)
         tokens = self.micro_batch * (self.prompt_tokens + self.completion_tokens)
         if self.gradient_checkpointing:
-            acts = tokens * h * 2 * layers + tokens * (8 * h + 4 * s["intermediate_size"]) * 2
+            # Unsloth's checkpointing offloads each layer's saved input to CPU RAM; plain HF keeps them on the GPU.
+            kept = 0 if self.unsloth else tokens * h * 2 * layers
+            acts = kept + tokens * (8 * h + 4 * s["intermediate_size"]) * 2
         else:
             acts = tokens * (16 * h + 4 * s["intermediate_size"]) * 2 * layers
         logit_tokens = min(tokens, UNSLOTH_LOGIT_CHUNK) if self.unsloth else tokens
@@ -218,9 +221,13 @@ def plan_for(ctx: Context, shape: dict[str, Any], prompt_tokens: int) -> Plan:
     use_vllm = bool(ctx.setting("use_vllm", False))
     unsloth = backend == "unsloth" or (backend == "auto" and recipe.model.load_in_4bit)
     vllm = None if not use_vllm else ("unsloth" if unsloth else "trl")
-    completion = ctx.setting("max_completion_length", None) if algo == "grpo" else None
-    if completion is None:
-        completion = max(ctx.recipe.model.max_seq_length - prompt_tokens, 1) if algo != "grpo" else 512
+    if algo == "grpo":
+        completion = ctx.setting("max_completion_length", 512)
+    elif algo == "ppo":
+        completion = ctx.setting("response_length", 53)
+    else:  # supervised rows: a whole sequence of up to max_length tokens
+        prompt_tokens = int(ctx.setting("max_length", None) or recipe.model.max_seq_length)
+        completion = 0
     per_device = int(ctx.setting("per_device_train_batch_size", 8) or 8)
     gen_batch = int(ctx.setting("generation_batch_size", None) or per_device) if algo == "grpo" else per_device
     share = recipe.model.gpu_memory_utilization if vllm == "unsloth" else float(

@@ -15,13 +15,15 @@ _MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
 def render(report: Report, console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"rlkit doctor {report.recipe}", show_lines=False, expand=False)
     for col in ("check", "verdict", "evidence", "fix"):
         table.add_column(col, overflow="fold")
     for c in report.checks:
-        table.add_row(f"{c.family}/{c.name}", f"[{_STYLE[c.verdict]}]{_MARK[c.verdict]}[/]", c.evidence, c.fix)
+        table.add_row(escape(f"{c.family}/{c.name}"), f"[{_STYLE[c.verdict]}]{_MARK[c.verdict]}[/]",
+                      escape(c.evidence), escape(c.fix))
     console.print(table)
     for title, rows in report.tables.items():
         if not rows:
@@ -30,10 +32,10 @@ def render(report: Report, console: Any) -> None:
         for col in rows[0]:
             sub.add_column(str(col), overflow="fold")
         for row in rows[:20]:
-            sub.add_row(*(_cell(v) for v in row.values()))
+            sub.add_row(*(escape(_cell(v)) for v in row.values()))
         console.print(sub)
     style = "bold green" if report.go else "bold red"
-    console.print(f"[{style}]{report.summary()}[/]", highlight=False)
+    console.print(f"[{style}]{escape(report.summary())}[/]", highlight=False)
 
 
 def markdown(report: Report) -> str:

@@ -217,19 +217,17 @@ def _assistant_mask(ctx: Context, tok: Any, rows: Any) -> Check:
     eot = end_of_turn_id(tok, chat_template=template, **_kwargs(ctx))
     bad, no_eot, covered, total = [], 0, 0, 0
     for i, row in enumerate(rows):
+        kwargs = _row_kwargs(ctx, row)
         out = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
-                                      return_assistant_tokens_mask=True, chat_template=template,
-                                      **_row_kwargs(ctx, row))
+                                      return_assistant_tokens_mask=True, chat_template=template, **kwargs)
         ids, mask = out["input_ids"], out["assistant_masks"]
-        masked = [t for t, m in zip(ids, mask, strict=True) if m]
+        masked = {j for j, m in enumerate(mask) if m}
         covered, total = covered + len(masked), total + len(ids)
-        text = tok.decode(masked)
-        wanted = [m.get("content") or "" for m in row["messages"] if m["role"] == "assistant"]
-        others = [m.get("content") or "" for m in row["messages"] if m["role"] != "assistant"]
-        if not masked or any(w.strip() and w.strip() not in text for w in wanted) or any(
-                o.strip() and len(o.strip()) > 8 and o.strip() in text for o in others):
+        wrong = {j for j in masked ^ _assistant_spans(tok, row["messages"], template, kwargs)
+                 if j < len(ids) and tok.decode([ids[j]]).strip()}
+        if not masked or wrong:
             bad.append(i)
-        if eot is not None and eot not in masked:
+        if eot is not None and eot not in {ids[j] for j in masked}:
             no_eot += 1
     data = {"rows": len(rows), "masked_share": round(covered / max(total, 1), 3), "bad_rows": bad}
     if bad:
@@ -242,6 +240,22 @@ def _assistant_mask(ctx: Context, tok: Any, rows: Any) -> Check:
     how = "TRL's training template" if template else "the template's own markers"
     return Check(F, name, "ok", f"{len(rows)} rows: the mask ({how}) covers exactly the assistant turns and their "
                  f"end-of-turn token ({data['masked_share']:.0%} of tokens)", data=data)
+
+
+def _assistant_spans(tok: Any, messages: list, template: str | None, kwargs: dict) -> set[int]:
+    """Token positions of each assistant turn: from its generation prompt to the end of its own rendering.
+
+    Valid because the template training uses is prefix-preserving (checked above).
+    """
+    def length(msgs: list, generation_prompt: bool) -> int:
+        return len(tok.apply_chat_template(msgs, tokenize=True, return_dict=False, chat_template=template,
+                                           add_generation_prompt=generation_prompt, **kwargs))
+
+    spans: set[int] = set()
+    for k, message in enumerate(messages):
+        if message["role"] == "assistant":
+            spans |= set(range(length(messages[:k], True), length(messages[:k + 1], False)))
+    return spans
 
 
 def _completion_mask(ctx: Context, tok: Any, rows: Any) -> Check:
@@ -283,26 +297,35 @@ def _truncation(ctx: Context, tok: Any) -> Check | None:
         limit, what = room, f"prompt room ({ctx.recipe.model.max_seq_length} - {completion})"
     else:
         limit = ctx.setting("max_length", 1024) or ctx.recipe.model.max_seq_length
-        if "messages" in rows.column_names:
-            lengths = _lengths(ctx, tok, rows["messages"], tools=rows["tools"] if "tools" in rows.column_names
-                               else None)
-        elif "prompt" in rows.column_names and "completion" in rows.column_names:
-            lengths = _lengths(ctx, tok, [p + c for p, c in zip(rows["prompt"], rows["completion"], strict=True)])
-        elif "chosen" in rows.column_names:
-            lengths = _lengths(ctx, tok, [p + c if isinstance(p, list) else c
-                                          for p, c in zip(rows["prompt"], rows["chosen"], strict=True)])
+        cols = rows.column_names
+        tools = rows["tools"] if "tools" in cols else None
+        if "messages" in cols:
+            lengths = _lengths(ctx, tok, rows["messages"], tools=tools)
+            # Training starts at the first assistant turn; the tokens before it are context only.
+            starts = _lengths(ctx, tok, [m[:next((k for k, x in enumerate(m) if x["role"] == "assistant"), len(m))]
+                                         for m in rows["messages"]], generation_prompt=True, tools=tools)
+        elif "prompt" in cols and ("completion" in cols or "chosen" in cols):
+            second = rows["completion"] if "completion" in cols else rows["chosen"]
+            lengths = _lengths(ctx, tok, [p + c if isinstance(p, list) else p + c
+                                          for p, c in zip(rows["prompt"], second, strict=True)])
+            starts = _lengths(ctx, tok, rows["prompt"], generation_prompt=True)
         else:
             return None
         over = sum(n > limit for n in lengths)
         what = f"max_length {limit}"
+        if all(s >= limit for s in starts):
+            return Check(F, "truncation", "fail", f"every row's trainable part starts after max_length {limit} "
+                         f"(shortest context {min(starts)} tokens): nothing would be learned",
+                         "raise trainer.max_length", data={"rows": len(lengths), "limit": limit})
     data = {"rows": len(lengths), "over": over, "longest": max(lengths), "limit": limit}
     evidence = f"{over} of {len(lengths)} rows exceed the {what}; the longest has {max(lengths)} tokens"
-    if over == len(lengths):
-        fix = "raise model.max_seq_length" if algo in ("grpo", "ppo") else "raise trainer.max_length"
-        return Check(F, "truncation", "fail", evidence + (": every prompt would be dropped" if algo in ("grpo", "ppo")
-                                                          else ": every row is cut"), fix, data=data)
+    if over == len(lengths) and algo in ("grpo", "ppo"):
+        return Check(F, "truncation", "fail", evidence + ": every prompt would be dropped",
+                     "raise model.max_seq_length", data=data)
     if over:
-        return Check(F, "truncation", "warn", evidence, "raise the limit or shorten those rows", data=data)
+        return Check(F, "truncation", "warn", evidence + ("" if algo in ("grpo", "ppo") else
+                                                          ": their ends (final answers) are cut"),
+                     "raise the limit or shorten those rows", data=data)
     return Check(F, "truncation", "ok", evidence, data=data)
 
 
