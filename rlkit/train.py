@@ -90,7 +90,7 @@ def _doctor(recipe: Any, source: str) -> None:
     from rlkit.doctor import CHEAP, Refused, run
 
     started = time.perf_counter()
-    report = run(source, recipe=recipe, families=CHEAP, limit=4)
+    report = run(source, recipe=recipe, families=CHEAP, limit=4, before_training=True)
     for check in report.checks:
         if check.verdict == "warn" and is_main_process():
             log.warning("doctor: %s/%s: %s", check.family, check.name, check.evidence)

@@ -82,8 +82,11 @@ class Context:
     they read.
     """
 
-    def __init__(self, recipe: Any, source: str, *, limit: int = 8, smoke: bool = False) -> None:
+    def __init__(self, recipe: Any, source: str, *, limit: int = 8, smoke: bool = False,
+                 before_training: bool = False) -> None:
         self.recipe, self.source, self.limit, self.smoke = recipe, source, limit, smoke
+        # Inside `rlkit train`: what rlkit's trainer builders refuse or fix themselves is left to them.
+        self.before_training = before_training
         self._cache: dict[str, Any] = {}
 
     def _once(self, key: str, build: Any) -> Any:
@@ -185,15 +188,19 @@ def _head(ds: Any, n: int) -> Any:
 def run(recipe_path: str | Path, overrides: list[str] | None = None, *, smoke: bool = False,
         families: tuple[str, ...] = FAMILIES, samples: int | None = None, limit: int = 8,
         gpu: str | None = None, endpoint: str | None = None, api_key: str | None = None,
-        write_filtered: str | Path | None = None, recipe: Any = None) -> Report:
-    """Run the check ``families`` on a recipe and return the report (nothing is written here)."""
+        write_filtered: str | Path | None = None, recipe: Any = None, before_training: bool = False) -> Report:
+    """Run the check ``families`` on a recipe and return the report (nothing is written here).
+
+    ``before_training``: called by ``rlkit train``, where data or model files that cannot be read stay
+    user errors (exit 2, the message training would give) instead of becoming a failed check.
+    """
     from rlkit.errors import UserError
     from rlkit.recipe import load_recipe
 
     source = str(recipe_path)
     if recipe is None:
         recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
-    ctx = Context(recipe, source, limit=limit, smoke=smoke)
+    ctx = Context(recipe, source, limit=limit, smoke=smoke, before_training=before_training)
     report = Report(recipe=source, checks=[])
     for family in families:
         started = time.perf_counter()
@@ -201,8 +208,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, smoke: b
             checks, tables = _family(family, ctx, samples=samples, gpu=gpu, endpoint=endpoint, api_key=api_key,
                                      write_filtered=write_filtered)
         except UserError as e:
-            if family == "learnability" and endpoint:
-                raise  # a wrong --endpoint is the user's flag, not the recipe's problem
+            if before_training or (family == "learnability" and endpoint):
+                raise  # the user's input (a wrong --endpoint, unreadable data), not the recipe's fitness
             # The data (or the model's files) cannot be read: training would stop at the same place.
             checks, tables = [Check(family, "inputs", "fail", str(e), "fix the recipe's data or model entry")], {}
             if any(c.evidence == str(e) for c in report.checks):

@@ -289,6 +289,8 @@ def _truncation(ctx: Context, tok: Any) -> Check | None:
     if rows is None or len(rows) == 0:
         return None
     algo = ctx.recipe.algorithm
+    if algo in ("grpo", "ppo") and ctx.before_training:
+        return None  # the trainer builder drops too-long prompts itself, and refuses when none is left
     if algo in ("grpo", "ppo"):
         completion = ctx.setting("max_completion_length" if algo == "grpo" else "response_length", 512)
         room = ctx.recipe.model.max_seq_length - completion
