@@ -58,8 +58,9 @@ def checks(ctx: Context, *, samples: int | None, endpoint: str | None = None, ap
     from rlkit.errors import UserError
 
     try:
-        policy, label = make_policy(recipe, None, endpoint=endpoint, api_key=api_key, temperature=temperature,
-                                    max_new_tokens=max_new)
+        # The policy training starts from: the init_from adapter on its base, else the base model.
+        policy, label = make_policy(recipe, None, model=None if endpoint else recipe.init_from, endpoint=endpoint,
+                                    api_key=api_key, temperature=temperature, max_new_tokens=max_new)
     except UserError as e:
         if endpoint:
             raise
