@@ -329,3 +329,20 @@ def test_report_files_are_whole(tmp_path):
     assert markdown(report).count("\n| ") >= len(report.checks)
     assert not list(tmp_path.glob(".*partial"))
     shutil.rmtree(tmp_path)
+
+
+def test_learnability_runs_tool_episodes_for_an_agent_recipe():
+    """A calculator recipe's probe plays whole episodes: a tool call, its result, then the answer."""
+    def reply(request):
+        if request["messages"][-1]["role"] != "tool":
+            return {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2 + 2"}}]}
+        return {"content": f"#### {request['messages'][-1]['content']}"}
+
+    with ScriptedServer(reply) as server:
+        report = run(recipes_dir() / "gsm8k_calculator_grpo.yaml", smoke=True, families=("learnability",),
+                     samples=2, limit=2, endpoint=server.url)
+        tool_results = [m for r in server.requests for m in r["messages"] if m["role"] == "tool"]
+    probe = next(c for c in report.checks if c.name == "probe")
+    assert len(server.requests) == 8 and tool_results and tool_results[0]["content"].strip() == "4"
+    assert probe.data["samples"] == 2 and probe.data["zero_variance"] == 1.0  # same reply every time: no signal
+    assert probe.verdict == "fail"
