@@ -157,7 +157,8 @@ class Context:
             if kind == "prompt":
                 from rlkit.data import get_task
 
-                return get_task(self.recipe.data.task).prompt_rows(raw)
+                task = get_task(self.recipe.data.task)
+                return task.prompt_rows(raw) if hasattr(task, "prompt_rows") else None
             return task_rows(self.recipe, kind, raw)
 
         return self._once("train_rows", build)
