@@ -346,3 +346,12 @@ def test_learnability_runs_tool_episodes_for_an_agent_recipe():
     assert len(server.requests) == 8 and tool_results and tool_results[0]["content"].strip() == "4"
     assert probe.data["samples"] == 2 and probe.data["zero_variance"] == 1.0  # same reply every time: no signal
     assert probe.verdict == "fail"
+
+
+def test_no_doctor_skips_the_checks(monkeypatch, tmp_path, capsys):
+    # --resume of a run that does not exist fails right after the doctor's place: which error comes first shows
+    # whether the doctor ran.
+    args = ["train", GRPO, "--smoke", "--resume", "--output-dir", tmp_path / "none",
+            "--set", "rewards=[{name: 'tests.test_doctor:always_one'}]"]
+    assert cli(monkeypatch, *args) == 1 and "no-go" in capsys.readouterr().err
+    assert cli(monkeypatch, *args, "--no-doctor") == 2 and "no run to resume" in capsys.readouterr().err
