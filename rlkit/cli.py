@@ -44,6 +44,8 @@ def train(
     machine_rank: int = typer.Option(0, "--machine-rank", min=0, help="This machine's rank (0 is the main one)."),
     main_process_ip: str = typer.Option(None, "--main-process-ip", help="Address of the machine with rank 0."),
     main_process_port: int = typer.Option(None, "--main-process-port", help="Port on the machine with rank 0."),
+    no_doctor: bool = typer.Option(False, "--no-doctor", help="Skip the pre-launch checks (template, rewards, "
+                                   "batch arithmetic, versions) that run before the model loads."),
 ) -> None:
     """Train the recipe; writes the run directory (adapter, metrics, plots, report, resolved recipe).
 
@@ -69,9 +71,50 @@ def train(
         raise typer.Exit(code)
     from rlkit.train import train as run_train
 
-    run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite, resume=resume)
+    run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite, resume=resume,
+                        doctor=not no_doctor)
     if launch.is_main_process():
         _console().print(f"[green]run directory:[/] {run_dir}")
+
+
+@app.command()
+def doctor(
+    recipe: Path = typer.Argument(..., help="Recipe YAML file."),
+    set_: list[str] = SetOpt,
+    smoke: bool = SmokeOpt,
+    samples: int = typer.Option(None, "--samples", min=0,
+                                help="Learnability probe: completions per prompt (default 8; 0 with --smoke)."),
+    limit: int = typer.Option(8, "--limit", min=1, help="Train prompts/rows the checks read."),
+    gpu: str = typer.Option(None, "--gpu", help="Memory plan target: h100-80gb, a100-40gb, a100-80gb, l4-24gb, "
+                            "rtx4090-24gb, t4-16gb, ... or a size in GB (default: this machine's GPU)."),
+    endpoint: str = typer.Option(None, "--endpoint", help="Sample the probe from an OpenAI-compatible server "
+                                 "(e.g. http://localhost:8000/v1) instead of loading the model here."),
+    api_key: str = typer.Option(None, "--api-key", help="Endpoint API key (default: $OPENAI_API_KEY); never saved."),
+    write_filtered: Path = typer.Option(None, "--write-filtered", help="Write the probed prompts that give GRPO a "
+                                        "signal to this JSONL (train on it with --set 'data.train={path: FILE}')."),
+    out: Path = typer.Option(None, "--out", help="Also write DIR/doctor.md and DIR/doctor.json."),
+) -> None:
+    """Check a recipe before launching it: template, rewards, learnability, memory, batch arithmetic, versions.
+
+    Exit 0: go. Exit 1: a blocking check failed. Exit 2: a mistake in the command or the recipe.
+    """
+    from rlkit.doctor import run
+    from rlkit.doctor.render import render, write
+
+    if write_filtered is not None and write_filtered.exists():
+        raise UserError(f"--write-filtered {write_filtered}: already exists; choose a new file")
+    if gpu is not None:
+        from rlkit.doctor.memory import parse_gpu
+
+        parse_gpu(gpu)  # a typo fails before anything loads
+    report = run(recipe, set_ or [], smoke=smoke, samples=samples, limit=limit, gpu=gpu, endpoint=endpoint,
+                 api_key=api_key, write_filtered=write_filtered)
+    render(report, _console())
+    if out is not None:
+        md, js = write(report, out)
+        _console().print(f"report: {md} and {js}")
+    if not report.go:
+        raise typer.Exit(1)
 
 
 @app.command("vllm-serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -442,6 +485,12 @@ def _setup_logging() -> None:
     logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
 
 
+def _refused() -> type[Exception]:
+    from rlkit.doctor import Refused  # light: the doctor package imports nothing heavy at module level
+
+    return Refused
+
+
 def main() -> None:
     _setup_logging()
     from rlkit.secrets import redact
@@ -451,6 +500,9 @@ def main() -> None:
     except UserError as e:
         print(f"rlkit: error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
+    except _refused() as e:
+        print(f"rlkit: doctor: {redact(str(e))}; see `rlkit doctor RECIPE`, or pass --no-doctor", file=sys.stderr)
+        sys.exit(1)
     except Interrupted as e:
         from rlkit.launch import LAUNCHED_ENV, is_main_process
 

@@ -31,11 +31,13 @@ def train(
     output_dir: str | Path | None = None,
     overwrite: bool = False,
     resume: bool = False,
+    doctor: bool = True,
 ) -> Path:
     """Train one recipe; returns the run directory (adapter in ``RUN/adapter``).
 
     ``resume`` continues the run in the output directory from its latest complete checkpoint
     (weights, optimizer, scheduler, RNG and data position, as transformers restores them).
+    ``doctor`` runs ``rlkit doctor``'s cheap checks first and refuses a recipe they block.
     """
     from rlkit import backends, runs
     from rlkit.recipe import backend_request, cuda_available, load_recipe, trainer_config
@@ -48,6 +50,8 @@ def train(
     backend = backends.choose(backend_request(recipe))  # before trl is imported (Unsloth's rule)
     trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path))
     _check_machine(recipe, trainer_cfg, backend, cuda_available())
+    if doctor:
+        _doctor(recipe, str(recipe_path))
 
     if resume and recipe.algorithm == "ppo":
         raise UserError("--resume: TRL's PPOTrainer (trl.experimental) cannot resume from a checkpoint; start again "
@@ -79,6 +83,21 @@ def train(
                 if parent.is_dir() and not any(parent.iterdir()):
                     parent.rmdir()
         raise
+
+
+def _doctor(recipe: Any, source: str) -> None:
+    """The cheap pre-launch checks (no model, no sampling); a blocking verdict stops the run before it starts."""
+    from rlkit.doctor import CHEAP, Refused, run
+
+    started = time.perf_counter()
+    report = run(source, recipe=recipe, families=CHEAP, limit=4, before_training=True)
+    for check in report.checks:
+        if check.verdict == "warn" and is_main_process():
+            log.warning("doctor: %s/%s: %s", check.family, check.name, check.evidence)
+    log.info("doctor: %s (%.2fs; `rlkit doctor %s` for the full report, --no-doctor to skip)", report.summary(),
+             time.perf_counter() - started, source)
+    if not report.go:
+        raise Refused(report.summary())
 
 
 def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
