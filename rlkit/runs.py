@@ -39,21 +39,25 @@ _PACKAGES = ("rlkit", "trl", "transformers", "peft", "torch", "accelerate", "dat
              "unsloth", "vllm")
 
 
-def prepare(run_dir: Path, overwrite: bool, main: bool = True) -> Path:
+def prepare(run_dir: Path, overwrite: bool, main: bool = True, inputs: tuple[Path, ...] = ()) -> Path:
     """Create an empty run directory; refuse to mix a new run into an old one.
 
     A run that stopped before its first checkpoint (killed while loading, say) left nothing worth
-    keeping, so it is replaced without ``--overwrite``: it never blocks a retry. With several
-    processes every rank checks (they all refuse alike) and only the ``main`` one deletes and creates.
+    keeping, so it is replaced without ``--overwrite``: it never blocks a retry. Either way only a
+    directory rlkit owns is deleted (see rlkit.safety), never the cwd, $HOME, a repository or ``inputs``.
+    With several processes every rank checks (they all refuse alike) and only the ``main`` one deletes
+    and creates.
     """
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if overwrite:
-            if main:
-                shutil.rmtree(run_dir)
-        elif _nothing_to_keep(run_dir):
-            if main:
+    from rlkit import safety
+
+    safety.check_target(run_dir, "--output-dir", inputs)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--output-dir {run_dir}: exists and is not a directory")
+    if run_dir.exists() and _contents(run_dir):
+        if overwrite or _nothing_to_keep(run_dir):
+            if main and not overwrite:
                 log.warning("%s: replacing an unfinished run that has no checkpoint", run_dir)
-                shutil.rmtree(run_dir)
+            safety.remove(run_dir, "--output-dir", inputs, safety.RUN_FILES, delete=main)
         elif checkpoints(run_dir) and not (run_dir / "adapter").exists():
             raise UserError(f"{run_dir}: holds an unfinished run (last complete checkpoint: "
                             f"{checkpoints(run_dir)[-1].name}); pass --resume to continue it, --overwrite to start "
@@ -62,12 +66,18 @@ def prepare(run_dir: Path, overwrite: bool, main: bool = True) -> Path:
             raise UserError(f"{run_dir}: run directory is not empty; pass --overwrite to replace it "
                             "or --output-dir to write elsewhere")
     if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        safety.make_dir(run_dir, "run")
     return run_dir
 
 
+def _contents(run_dir: Path) -> set[str]:
+    from rlkit.safety import MARKER
+
+    return {p.name for p in run_dir.iterdir()} - {MARKER}
+
+
 def _nothing_to_keep(run_dir: Path) -> bool:
-    names = {p.name for p in run_dir.iterdir()}
+    names = _contents(run_dir)
     return RESOLVED in names and names <= _SETUP_FILES and not checkpoints(run_dir)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlkit import safety
 from rlkit.errors import Interrupted, UserError
 from rlkit.launch import is_main_process, rank_info
 
@@ -59,26 +61,30 @@ def train(
         # transformers maps the optimizer state to `cpu:0` when several CPU processes resume, which torch refuses.
         raise UserError("--resume with several CPU processes fails inside transformers (it loads the optimizer "
                         "state onto 'cpu:0'); resume on GPUs, or start again with --overwrite")
-    if resume:
-        checkpoint = runs.resume_point(run_dir, recipe.to_dict(), main=main)
-        log.info("resuming %s from %s", run_dir, checkpoint.name)
-    else:
-        runs.prepare(run_dir, overwrite, main=main)
-        checkpoint = None
-    barrier()  # the run directory is ready before any rank writes into it
-    again = ["rlkit", "train", str(recipe_path), "--resume", *(["--smoke"] if smoke else []),
-             *(["--output-dir", str(output_dir)] if output_dir else []),
-             *(["--num-processes", str(world)] if world > 1 else []),
-             *(arg for o in overrides or [] for arg in ("--set", o))]
-    try:
-        return _run(recipe, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
-    except UserError:
-        if main and not runs.checkpoints(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
-            for parent in created[1:]:
-                if parent.is_dir() and not any(parent.iterdir()):
-                    parent.rmdir()
-        raise
+    inputs = (Path(recipe.init_from),) if recipe.init_from else ()
+    safety.check_target(run_dir, "--output-dir", inputs)
+    # One writer per run directory. Only the main rank holds the lock: the ranks of one run share it.
+    with safety.hold(run_dir) if main else contextlib.nullcontext():
+        if resume:
+            checkpoint = runs.resume_point(run_dir, recipe.to_dict(), main=main)
+            log.info("resuming %s from %s", run_dir, checkpoint.name)
+        else:
+            runs.prepare(run_dir, overwrite, main=main, inputs=inputs)
+            checkpoint = None
+        barrier()  # the run directory is ready before any rank writes into it
+        again = ["rlkit", "train", str(recipe_path), "--resume", *(["--smoke"] if smoke else []),
+                 *(["--output-dir", str(output_dir)] if output_dir else []),
+                 *(["--num-processes", str(world)] if world > 1 else []),
+                 *(arg for o in overrides or [] for arg in ("--set", o))]
+        try:
+            return _run(recipe, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
+        except UserError:
+            if main and not runs.checkpoints(run_dir) and (run_dir / safety.MARKER).is_file():
+                shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
+                for parent in created[1:]:
+                    if parent.is_dir() and not any(parent.iterdir()):
+                        parent.rmdir()
+            raise
 
 
 def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
