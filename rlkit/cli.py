@@ -108,11 +108,12 @@ def eval_(
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
     out: Path = typer.Option(None, "--out", help="Results JSON (default RUN/eval/<model>.json)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed eval after the examples it wrote."),
 ) -> None:
     """Greedy pass@1 accuracy on the recipe's eval split."""
     from rlkit.evaluate import evaluate
 
-    results = evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [])
+    results = evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume)
     print_eval(results)
 
 
@@ -154,8 +155,9 @@ def rollout(
     sft_out: Path = typer.Option(None, "--sft-out", help="Also write the successful trajectories as SFT rows here."),
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue --out: play only the rows it does not hold yet."),
 ) -> None:
-    """Run the recipe's tool agent episode by episode; write trajectories.jsonl and summarise it."""
+    """Run the recipe's tool agent episode by episode; append each to trajectories.jsonl as it ends; summarise."""
     from rlkit.analyze import analyze, render
     from rlkit.rollout import rollout as run_rollout
 
@@ -164,7 +166,7 @@ def rollout(
     result = run_rollout(target, model=model, endpoint=endpoint, api_key=api_key, served_model=served_model,
                          concurrency=concurrency, backend=backend, split=split, limit=limit, out=out, sft_out=sft_out,
                          temperature=temperature, max_new_tokens=max_new_tokens, tool_timeout=tool_timeout,
-                         smoke=smoke, overrides=set_ or [])
+                         smoke=smoke, overrides=set_ or [], resume=resume)
     console = _console()
     render(analyze(result["path"]), console)
     console.print(f"{result['episodes']} episodes, {result['successes']} successful: {result['path']}")
@@ -303,7 +305,8 @@ def pairs(
     limit: int = typer.Option(None, "--limit", min=1, help="Use the first N prompts."),
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file (one rlkit wrote)."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the pairs already in --out; sample the other prompts."),
 ) -> None:
     """Sample K completions per prompt, score them with the recipe's rewards, keep (best, worst) pairs."""
     from rich.table import Table
@@ -311,7 +314,7 @@ def pairs(
     from rlkit.pairs import build_pairs
 
     summary = build_pairs(recipe, model, out, samples=samples, min_gap=min_gap, limit=limit, smoke=smoke,
-                          overrides=set_ or [], overwrite=overwrite)
+                          overrides=set_ or [], overwrite=overwrite, resume=resume)
     table = Table(title=f"pairs: {summary['recipe']} ({summary['model']})", show_header=False)
     for key in ("prompts", "samples", "pairs", "tied_prompts", "mean_reward", "seconds"):
         value = summary[key]

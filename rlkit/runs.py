@@ -199,18 +199,13 @@ def holds_adapter(path: str | Path) -> bool:
 
 
 def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Write JSON lines atomically: a reader never sees half a file. Known secrets are masked."""
-    import os
-
-    from rlkit.secrets import redact
+    """Write JSON lines atomically: a reader never sees half a file. Known secrets are masked, and model
+    text is kept whole (rlkit.safety.dumps)."""
+    from rlkit import safety
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
-    os.replace(partial, path)
+    safety.make_parent(path, "output")
+    safety.write_text(path, "".join(safety.dumps(row) + "\n" for row in rows))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ writes. Some places are refused whatever they hold: ``/``, the working directory
 ``init_from`` run, the adapter being merged).
 
 One writer: :func:`hold` takes an OS lock (``filelock``: ``flock`` on POSIX, released by the kernel when the
-holder dies, so a stale lock is simply taken over) on a hidden file next to the output, and records the
-holder's pid in it for the error a second process gets.
+holder dies, so a stale lock is simply taken over) on a file in rlkit's cache named after the output's
+path, and records the holder's pid in it for the error a second process gets.
 
 Records: :class:`JsonlAppender` writes one JSON line per finished record and flushes it, so the file is
 valid JSONL at every instant and a kill loses only records in flight; ``resume`` reads back what a
@@ -66,7 +66,7 @@ def check_target(path: str | Path, flag: str, inputs: Iterable[str | Path] = ())
             continue
         src = src.resolve()
         if target == src or target in src.parents or src in target.parents:
-            raise UserError(f"{flag} {path}: overlaps the input {src}; write elsewhere")
+            raise UserError(f"{flag} {path}: overlaps the input directory {src}; write elsewhere")
     return path
 
 
@@ -151,8 +151,14 @@ def os_error(error: OSError, path: Path) -> UserError:
 
 
 def lock_path(path: str | Path) -> Path:
-    path = Path(path)
-    return path.parent / f".{path.name}{LOCK_SUFFIX}"
+    """The lock of an output lives in rlkit's cache, keyed by the output's absolute path: nothing is left
+    next to the user's files, and a lock file is never deleted (unlinking a flock file lets two holders in)."""
+    import hashlib
+
+    from rlkit.tiny import cache_dir
+
+    key = str(Path(path).expanduser().resolve())
+    return cache_dir() / "locks" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}{LOCK_SUFFIX}"
 
 
 @contextmanager
@@ -256,6 +262,7 @@ class JsonlAppender:
         elif not resume and self.path.exists():
             raise UserError(f"{self.path}: already exists; pass --resume to continue it or choose a new file")
         make_parent(self.path, "output")
+        self._created, self.written = not self.path.exists(), 0
         try:
             self._file = self.path.open("a", encoding="utf-8")
         except OSError as e:
@@ -266,6 +273,7 @@ class JsonlAppender:
         try:
             self._file.write(dumps(record) + "\n")
             self._file.flush()
+            self.written += 1
         except OSError as e:
             raise os_error(e, self.path) from None
 
@@ -275,5 +283,7 @@ class JsonlAppender:
     def __enter__(self) -> JsonlAppender:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.close()
+        if kind is not None and self._created and not self.written:
+            self.path.unlink(missing_ok=True)  # a run that failed before its first record leaves no empty file

@@ -61,7 +61,7 @@ def test_pairs_gap_filter_and_refusals(tmp_path):
                           overrides=["rewards=[{name: gsm8k_correct}]", "pairs.prompts={synthetic: 2, seed: 0}",
                                      "pairs.max_new_tokens=4"])
     assert summary["pairs"] == 0 and summary["tied_prompts"] == 2 and out.read_text() == ""
-    with pytest.raises(UserError, match="already exists; pass --overwrite"):
+    with pytest.raises(UserError, match="already exists; pass --resume to continue it or --overwrite"):
         build_pairs(DPO, "rlkit/tiny-qwen3", out, smoke=True)
     with pytest.raises(UserError, match="no `pairs:` section"):
         build_pairs(recipes_dir() / "gsm8k_grpo.yaml", "rlkit/tiny-qwen3", tmp_path / "other.jsonl", smoke=True)
@@ -76,4 +76,4 @@ def test_pairs_command_line(tmp_path):
     assert "pairs written to" in done.stdout and out.exists()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2
-    assert again.stderr.strip().splitlines() == [f"rlkit: error: {out}: already exists; pass --overwrite to replace it"]
+    assert again.stderr.strip().splitlines() == [f"rlkit: error: {out}: already exists; pass --resume to continue it or --overwrite to replace it"]
