@@ -137,8 +137,14 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def checkpoint_callback() -> Any:
-    """A TrainerCallback writing COMPLETE into each checkpoint once everything in it is saved."""
+def checkpoint_callback(keep: int | None = None) -> Any:
+    """A TrainerCallback writing COMPLETE into each checkpoint once everything in it is saved, then
+    keeping the newest ``keep`` complete checkpoints (``trainer.save_total_limit``).
+
+    rlkit rotates instead of transformers: transformers deletes old checkpoints inside the save, before
+    this mark, so a kill in between left no complete checkpoint at all. Here an old checkpoint goes only
+    once a newer one is marked complete. ``build_trainer`` hands TRL ``save_total_limit=None`` for this.
+    """
     from transformers import TrainerCallback
 
     class MarkComplete(TrainerCallback):
@@ -148,6 +154,12 @@ def checkpoint_callback() -> Any:
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if path.is_dir():
                 (path / COMPLETE).write_text(json.dumps({"step": state.global_step, "max_steps": state.max_steps}))
+            if keep:
+                best = Path(state.best_model_checkpoint).resolve() if state.best_model_checkpoint else None
+                complete = checkpoints(Path(args.output_dir).parent)
+                for old in complete[:-keep]:
+                    if old.resolve() != best:
+                        shutil.rmtree(old)
 
     return MarkComplete()
 
@@ -209,10 +221,13 @@ def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The logged rows; a half-written last line (SIGKILL, a full disk) is dropped, not an error."""
+    from rlkit.safety import read_records
+
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_records(path)
 
 
 def metrics_callback(run_dir: Path):
@@ -223,14 +238,32 @@ def metrics_callback(run_dir: Path):
 
     class MetricsJsonl(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or not logs:
+            if not logs:
                 return
-            row = {"step": state.global_step, "epoch": state.epoch,
-                   **{k: _jsonable(v) for k, v in logs.items()}}
-            with path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if state.is_world_process_zero:
+                row = {"step": state.global_step, "epoch": state.epoch,
+                       **{k: _jsonable(v) for k, v in logs.items()}}
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            _stop_on_non_finite(logs, state.global_step)  # every rank: they stop together
 
     return MetricsJsonl()
+
+
+def _stop_on_non_finite(logs: dict[str, Any], step: int) -> None:
+    """Stop the run with one line when the loss logged at ``step`` is NaN or infinite, or the gradient norm
+    is NaN (an infinite one is fp16's loss scaler skipping a step, which is normal).
+
+    The log comes before the step's checkpoint is saved, so the run keeps its last good checkpoint.
+    Rewards are checked where they are computed (rlkit.rewards), naming the reward function.
+    """
+    for key, value in logs.items():
+        if key not in ("loss", "train_loss", "grad_norm") or not isinstance(value, int | float):
+            continue
+        if math.isnan(value) or (key != "grad_norm" and not math.isfinite(value)):
+            raise UserError(f"step {step}: {key} is {value}; training stopped (the numbers went non-finite: lower "
+                            "trainer.learning_rate or check the data and rewards); the last complete checkpoint "
+                            "is kept")
 
 
 def _jsonable(value: Any) -> Any:

@@ -287,3 +287,65 @@ class JsonlAppender:
         self.close()
         if kind is not None and self._created and not self.written:
             self.path.unlink(missing_ok=True)  # a run that failed before its first record leaves no empty file
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded inputs
+
+MAX_RECIPE_BYTES = 1 << 20  # the largest shipped recipe is ~3 KB
+MAX_DEPTH = 50
+MAX_VALUES = 100_000  # scalars + collections after aliases are expanded
+
+
+def load_yaml(path: Path) -> Any:
+    """A YAML file read with bounds: size, UTF-8, nesting depth, and the size aliases expand to.
+
+    The alias check walks the composed node graph (shared nodes counted once per use, memoised), so a
+    "billion laughs" file is refused in microseconds, before anything is expanded.
+    """
+    import yaml
+
+    try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise UserError(f"{path}: {size} bytes; a recipe is at most {MAX_RECIPE_BYTES} bytes")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                        "save the recipe as UTF-8") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply (at most {MAX_DEPTH} levels)") from None
+    if node is not None:
+        _expanded_size(node, path, 0, {}, set())
+    return yaml.safe_load(text)
+
+
+def _expanded_size(node: Any, path: Path, depth: int, memo: dict[int, int], active: set[int]) -> int:
+    import yaml
+
+    if depth > MAX_DEPTH:
+        raise UserError(f"{path}: nested too deeply (at most {MAX_DEPTH} levels)")
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if isinstance(node, yaml.ScalarNode):
+        return 1
+    if key in active:
+        raise UserError(f"{path}: line {node.start_mark.line + 1}: an alias refers to itself")
+    active.add(key)
+    children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+    total = 1
+    for child in children:
+        total += _expanded_size(child, path, depth + 1, memo, active)
+        if total > MAX_VALUES:
+            raise UserError(f"{path}: YAML aliases expand to more than {MAX_VALUES} values; refusing to expand "
+                            "them (an alias bomb?)")
+    active.discard(key)
+    memo[key] = total
+    return total

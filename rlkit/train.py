@@ -256,6 +256,9 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     train_ds = algo.dataset(recipe)
     args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source)
     args.run_name = args.run_name or run_dir.name
+    # rlkit's checkpoint callback rotates, after marking the new checkpoint complete (see runs.checkpoint_callback).
+    keep, args.save_total_limit = args.save_total_limit, None
+    _keep_token_out_of_files(args)
     main = is_main_process()
     tracking.prepare(args.report_to, run_dir, main=main)
     # TRL wraps the model in its LoRA inside the trainer's __init__, before transformers' Trainer
@@ -282,7 +285,7 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
         log.info("rank %d of %d (local rank %d) on %s, %d training rows in the dataset", rank, world, local_rank,
                  args.device, len(train_ds), extra={"all_ranks": True})
     trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args,
-                         [runs.metrics_callback(run_dir), runs.checkpoint_callback()])
+                         [runs.metrics_callback(run_dir), runs.checkpoint_callback(keep)])
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(ProgressCallback)  # rlkit's bar (or log line per step) replaces tqdm's
@@ -291,6 +294,19 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     trainer.add_callback(tracking.config_callback(trainer, resolved))
     _require_trainable(getattr(trainer.model, "policy", trainer.model))  # PPO wraps policy + value model
     return trainer, tokenizer
+
+
+def _keep_token_out_of_files(args: Any) -> None:
+    """transformers pickles the whole TrainingArguments into ``training_args.bin`` (adapter and every
+    checkpoint), ``hub_token`` included. The token moves to ``HF_TOKEN``, where huggingface_hub reads it
+    for a push, and is masked in logs from here on."""
+    from rlkit import secrets
+
+    token = getattr(args, "hub_token", None)
+    if token:
+        secrets.register(token)
+        os.environ["HF_TOKEN"] = token
+        args.hub_token = None
 
 
 def _require_trainable(model: Any) -> None:
