@@ -425,6 +425,17 @@ def main() -> None:
     except UserError as e:
         print(f"rlkit: error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:
+        import errno
+
+        # A full disk or a read-only mount is the machine's state, not a bug: one line (rlkit's own writers
+        # already say this; this catches the same from transformers/torch saving a checkpoint).
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        from rlkit.safety import os_error
+
+        print(f"rlkit: error: {redact(str(os_error(e, Path(e.filename or '.'))))}", file=sys.stderr)
+        sys.exit(2)
     except Interrupted as e:
         from rlkit.launch import LAUNCHED_ENV, is_main_process
 

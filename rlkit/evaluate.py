@@ -39,6 +39,10 @@ def evaluate(
     """
     from rlkit.data import get_task, load_rows, task_rows
 
+    if out is not None:  # before any model loads: never a results file rlkit did not write
+        safety.check_target(out, "--out")
+        if Path(out).exists():
+            safety.check_replaceable_file(out, "--out", ("recipe", "model"))
     recipe, run_dir = resolve_target(target, overrides, smoke)
     if recipe.data.eval is None:
         raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
