@@ -48,6 +48,19 @@ def _files(tmp_path):
     (tmp_path / "long.jsonl").write_text(json.dumps({"question": long, "answer": "#### 401"}) + "\n")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
+    (tmp_path / "afile").write_text("not a directory")
+    (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    laughs = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    laughs += [f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi", strict=True)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(laughs) + "\n")  # 9**9 strings from ~600 bytes
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\nname: big\n")
+    (tmp_path / "hugeint.jsonl").write_text('{"question": "q", "answer": ' + "9" * 5000 + "}\n")
+    (tmp_path / "deep.jsonl").write_text('{"question": ' + "[" * 100000 + "]" * 100000 + ', "answer": "1"}\n')
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "adapter_config.json").write_text("{}")
+    (tmp_path / "runs" / "other-run").mkdir(parents=True)
+    (tmp_path / "runs" / "other-run" / "recipe.resolved.yaml").write_text("name: other\n")
 
 
 # (case, argv after `rlkit`, the one-line message: a substring of it)
@@ -106,6 +119,43 @@ MATRIX = [
                                             "trainer.vllm_mode=server"], "TRL cannot do from a 4-bit base"),
     ("missing trajectories", ["analyze", "{tmp}/nope.jsonl"], "{tmp}/nope.jsonl"),
     ("merge of a non-adapter", ["merge", "{tmp}/full", "--out", "{tmp}/merged"], "{tmp}/full"),
+    # Bounded inputs (issue 16): refused before anything is expanded or loaded.
+    ("non-UTF-8 recipe (validate)", ["recipes", "validate", "{tmp}/latin1.yaml"], None),
+    ("YAML alias bomb", ["train", "{tmp}/bomb.yaml", "--smoke"], "{tmp}/bomb.yaml: YAML aliases expand to more than"),
+    ("YAML nested too deeply", ["train", "{tmp}/deep.yaml"], "{tmp}/deep.yaml: nested too deeply"),
+    ("recipe over 1 MiB", ["train", "{tmp}/big.yaml"], "bytes; a recipe is at most 1048576 bytes"),
+    ("non-UTF-8 recipe (train)", ["train", "{tmp}/latin1.yaml"], "{tmp}/latin1.yaml: not UTF-8 text (byte 9"),
+    ("huge integer in JSONL", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/hugeint.jsonl}"],
+     "{tmp}/hugeint.jsonl: line 1: Exceeds the limit (4300 digits) for integer string conversion"),
+    ("JSONL nested too deeply", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/deep.jsonl}"],
+     "{tmp}/deep.jsonl: line 1 is nested too deeply"),
+    # Numerical garbage refused at load.
+    ("infinite learning rate", ["train", SFT, "--smoke", "--set", "trainer.learning_rate=.inf"],
+     "trainer.learning_rate: inf is not a finite number"),
+    ("NaN hyperparameter", ["train", GRPO, "--smoke", "--set", "trainer.beta=.nan"], "trainer.beta: nan is not a finite"),
+    ("overflowing reward weight", ["train", GRPO, "--smoke", "--set", "rewards=[{name: gsm8k_correct, weight: 1e999}]"],
+     "rewards.0.weight: inf is not a finite number"),
+    # Outputs rlkit must not delete or replace (the destructive matrix in test_destructive.py has the rest).
+    ("output dir is a file", ["train", SFT, "--smoke", "--output-dir", "{tmp}/afile"],
+     "--output-dir {tmp}/afile: exists and is not a directory"),
+    ("--overwrite a folder of the user's files", ["train", SFT, "--smoke", "--output-dir", "{tmp}/full", "--overwrite"],
+     "--output-dir {tmp}/full: holds files rlkit did not write (notes.txt)"),
+    ("--output-dir . --overwrite", ["train", SFT, "--smoke", "--output-dir", ".", "--overwrite"],
+     "--output-dir .: is the current directory or one of its parents"),
+    ("--set name=. (the run dir is runs/)", ["train", SFT, "--set", "name=.", "--overwrite"],
+     "--output-dir runs: holds files rlkit did not write (other-run)"),
+    ("--output-dir is the init_from run", ["train", GRPO, "--smoke", "--set", "init_from={tmp}/src",
+                                            "--output-dir", "{tmp}/src", "--overwrite"],
+     "--output-dir {tmp}/src: overlaps the input directory"),
+    ("pairs --overwrite a directory", ["pairs", recipes_dir() / "gsm8k_dpo.yaml", "--smoke", "--model",
+                                       "rlkit/tiny-qwen3", "--out", "{tmp}/full", "--overwrite"],
+     "--out {tmp}/full: is a directory"),
+    ("pairs --overwrite a foreign file", ["pairs", recipes_dir() / "gsm8k_dpo.yaml", "--smoke", "--model",
+                                          "rlkit/tiny-qwen3", "--out", "{tmp}/afile", "--overwrite"],
+     "--out {tmp}/afile: is not a file rlkit wrote"),
+    ("eval --out a foreign file", ["eval", SFT, "--smoke", "--out", "{tmp}/full/notes.txt"],
+     "--out {tmp}/full/notes.txt: is not a file rlkit wrote"),
+    ("rollout --resume without --out", ["rollout", AGENT, "--smoke", "--resume"], "--resume continues the trajectories"),
 ]
 
 
@@ -117,6 +167,9 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, argv, mess
     before = sorted(p.name for p in tmp_path.iterdir())
     code, err = run_cli(capsys, *[str(a).replace("{tmp}", str(tmp_path)) for a in argv])
     lines = [line for line in err.splitlines() if line.startswith("rlkit: error: ")]
+    if message is None:  # `recipes validate` reports each file on stdout and exits 2
+        assert code == 2 and "Traceback" not in err
+        return
     assert code == 2, err
     assert len(lines) == 1 and "Traceback" not in err and " ERROR " not in err
     assert message.replace("{tmp}", str(tmp_path)) in lines[0]
