@@ -7,6 +7,7 @@ text given to a reward) are recorded for that example instead, and the run goes 
 """
 
 import json
+import re
 import sys
 
 import pytest
@@ -243,3 +244,75 @@ def test_every_registry_reward_takes_arbitrary_text(completions, gold):
                                       question_type=["inference_query"] * n)
         assert len(scores) == n, name
         assert all(s is None or (isinstance(s, float) and math.isfinite(s)) for s in scores), (name, scores)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numerical garbage during training, and user rewards that misbehave (issue 16)
+
+
+def test_a_nan_loss_stops_training_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    # A finite but absurd learning rate: step 1 logs a finite loss, its update blows the weights up.
+    code, err = run_cli(capsys, "train", SFT, "--smoke", "--output-dir", run, "--set", "trainer.learning_rate=1e30",
+                        "--set", "trainer.max_steps=4", "--set", "trainer.save_steps=1", "--set",
+                        "trainer.max_grad_norm=0")
+    lines = [line for line in err.splitlines() if line.startswith("rlkit: error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert re.search(r"step \d+: (loss|grad_norm) is (nan|inf); training stopped", lines[0]), lines[0]
+    step = int(lines[0].split("step ")[1].split(":")[0])
+    from rlkit import runs
+
+    kept = runs.checkpoints(run)
+    assert kept and runs._step_of(kept[-1]) == step - 1  # the checkpoint before the bad step
+    assert not (run / "adapter").exists()
+
+
+def _user_rewards(tmp_path, monkeypatch, body):
+    (tmp_path / "bad_rewards.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("bad_rewards", None)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("def f(completions, **kw):\n    raise KeyError('gold')\n", "reward bad_rewards:f: raised KeyError: 'gold'"),
+    ("def f(completions, **kw):\n    return [1.0]\n", "reward bad_rewards:f: returned 1 values for 2 completions"),
+    ("def f(completions, **kw):\n    return 1.0\n", "reward bad_rewards:f: returned 1.0 (a float); a reward returns a list"),
+    ("def f(completions, **kw):\n    return [0.5, 'high']\n",
+     "reward bad_rewards:f: returned 'high' (a str) for row 1 of the batch (prompt 'q2'); expected a float or None"),
+    ("def f(completions, **kw):\n    return [float('nan'), 1.0]\n",
+     "reward bad_rewards:f: returned nan for row 0 of the batch (prompt 'q1'); rewards must be finite"),
+])
+def test_user_reward_mistakes_name_the_function_row_and_value(tmp_path, monkeypatch, body, message):
+    from rlkit.errors import UserError
+    from rlkit.rewards import resolve_reward
+
+    _user_rewards(tmp_path, monkeypatch, body)
+    reward = resolve_reward("bad_rewards:f")
+    with pytest.raises(UserError) as e:
+        reward(prompts=[[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]],
+               completions=["a", "b"])
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_nan_reward_during_grpo_stops_the_run_naming_the_reward_and_step(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _user_rewards(tmp_path, monkeypatch, "def f(completions, trainer_state=None, **kw):\n"
+                                         "    bad = trainer_state is not None and trainer_state.global_step >= 1\n"
+                                         "    return [float('nan') if bad else 0.5 for _ in completions]\n")
+    import os
+    import subprocess
+
+    run = tmp_path / "run"
+    # Its own process: TRL's loggers keep handlers from earlier in-process tests.
+    done = subprocess.run([sys.executable, "-m", "rlkit", "train", str(GRPO), "--smoke", "--output-dir", str(run),
+                           "--set", "rewards=[{name: 'bad_rewards:f'}]", "--set", "trainer.save_steps=1"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    code, err = done.returncode, done.stderr
+    lines = [line for line in err.splitlines() if line.startswith("rlkit: error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "reward bad_rewards:f: returned nan for row 0 of the batch at step 1" in lines[0]
+    from rlkit import runs
+
+    assert [runs._step_of(c) for c in runs.checkpoints(run)] == [1]  # step 1's checkpoint is kept
