@@ -100,7 +100,7 @@ def journal(results: Path, suffix: str, resume: bool, keys: tuple[str, ...]) -> 
     if path.exists() and not resume:
         safety.check_replaceable_file(path, "--out", keys)
         path.unlink()
-    with safety.JsonlAppender(path, resume=resume) as sink:
+    with safety.JsonlAppender(path, resume=resume, keys=keys) as sink:
         if sink.done:
             log.info("%s: %d records already written; continuing after them", path, len(sink.done))
         yield sink

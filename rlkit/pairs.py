@@ -71,7 +71,7 @@ def build_pairs(
     with safety.hold(out):
         if out.exists() and not resume:
             out.unlink()  # checked above: a pairs file rlkit wrote, and --overwrite asked for it
-        with safety.JsonlAppender(out, resume=resume) as sink:
+        with safety.JsonlAppender(out, resume=resume, keys=("prompt", "chosen", "rejected")) as sink:
             written = Counter(json.dumps(p["prompt"], sort_keys=True) for p in sink.done)
             # A prompt whose pair is in the file is done; one that tied before is sampled again.
             todo = [i for i, p in enumerate(rows["prompt"]) if not _take(written, json.dumps(p, sort_keys=True))]

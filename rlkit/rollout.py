@@ -31,6 +31,7 @@ from rlkit.errors import UserError
 from rlkit.evaluate import sampling_kwargs
 
 log = logging.getLogger("rlkit")
+TRAJECTORY_KEYS = ("id", "messages")  # what every trajectory record holds: how a file rlkit wrote is told apart
 
 
 @dataclass
@@ -447,6 +448,8 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
         safety.check_target(out, "--out")
         if Path(out).exists() and not resume:
             raise UserError(f"--out {out}: already exists; pass --resume to continue it, or choose a new file")
+        if Path(out).exists():
+            safety.check_replaceable_file(out, "--out", TRAJECTORY_KEYS)
     if resume and out is None:
         raise UserError("--resume continues the trajectories file given by --out; name it")
     from rlkit.envs import make_factory
@@ -458,7 +461,7 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
                                 max_new_tokens=max_new_tokens)
     path = Path(out) if out else _free_path(_default_dir(recipe.name, run_dir, label) / "trajectories.jsonl")
     with safety.hold(path):
-        with safety.JsonlAppender(path, resume=resume) as sink:
+        with safety.JsonlAppender(path, resume=resume, keys=TRAJECTORY_KEYS) as sink:
             log.info("writing trajectories to %s as episodes finish", path)
             _play(recipe, rows, make_env, policy, tool_timeout, concurrency, show_progress, sink)
         records = _in_row_order(path, rows)
@@ -484,7 +487,7 @@ def evaluate_agent(recipe: Any, run_dir: Path | None, model: str | None, *, limi
     policy, label = make_policy(recipe, run_dir, model=model)
     started = time.time()
     results_path = Path(out) if out else _default_out(recipe.name, run_dir, label)
-    with safety.hold(results_path), journal(results_path, ".trajectories.jsonl", resume, ("id", "messages")) as sink:
+    with safety.hold(results_path), journal(results_path, ".trajectories.jsonl", resume, TRAJECTORY_KEYS) as sink:
         _play(recipe, rows, make_env, policy, 30.0, 8, show_progress, sink)
         sink.close()
         trajectories = sink.path

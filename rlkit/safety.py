@@ -254,31 +254,39 @@ def read_records(path: str | Path, repair: bool = False) -> list[dict[str, Any]]
 class JsonlAppender:
     """Append one flushed JSON line per record. ``resume`` keeps what the file already holds."""
 
-    def __init__(self, path: str | Path, *, resume: bool = False) -> None:
+    def __init__(self, path: str | Path, *, resume: bool = False, keys: Iterable[str] = ()) -> None:
         self.path = Path(path)
         self.done: list[dict[str, Any]] = []
         if resume and self.path.exists():
+            # Only a file rlkit wrote is continued (and its torn last line cut): never a user's file.
+            check_replaceable_file(self.path, "--out", keys)
             self.done = read_records(self.path, repair=True)
         elif not resume and self.path.exists():
             raise UserError(f"{self.path}: already exists; pass --resume to continue it or choose a new file")
         make_parent(self.path, "output")
         self._created, self.written = not self.path.exists(), 0
         try:
-            self._file = self.path.open("a", encoding="utf-8")
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         except OSError as e:
             raise os_error(e, self.path) from None
 
     def write(self, record: dict[str, Any]) -> None:
-        # One write per line, flushed: a kill leaves whole lines (the OS keeps what was written).
+        """Append one line with unbuffered writes: nothing waits in a buffer for a kill to lose, and a
+        write the disk refuses (full) is cut back off, so the file holds whole lines only."""
+        data = memoryview((dumps(record) + "\n").encode("utf-8"))
+        start = os.lseek(self._fd, 0, os.SEEK_END)
         try:
-            self._file.write(dumps(record) + "\n")
-            self._file.flush()
-            self.written += 1
+            while data:
+                data = data[os.write(self._fd, data):]
         except OSError as e:
+            os.ftruncate(self._fd, start)
             raise os_error(e, self.path) from None
+        self.written += 1
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> JsonlAppender:
         return self
