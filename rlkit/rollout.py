@@ -462,7 +462,6 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
     path = Path(out) if out else _free_path(_default_dir(recipe.name, run_dir, label) / "trajectories.jsonl")
     with safety.hold(path):
         with safety.JsonlAppender(path, resume=resume, keys=TRAJECTORY_KEYS) as sink:
-            log.info("writing trajectories to %s as episodes finish", path)
             _play(recipe, rows, make_env, policy, tool_timeout, concurrency, show_progress, sink)
         records = _in_row_order(path, rows)
     result: dict[str, Any] = {"path": str(path), "episodes": len(records),
@@ -523,6 +522,8 @@ def _play(recipe: Any, rows: list[dict[str, Any]], make_env: Callable[[], Any], 
     def write(episode: Episode) -> None:
         record = score_episodes([episode], recipe)[0]
         record["id"] = episode.row.get("id", str(todo[episode.index][0]))  # or the row's place in the whole split
+        if not sink.written:  # the path a killed run's --resume needs
+            log.info("writing trajectories to %s as episodes finish", sink.path)
         sink.write(record)
 
     run_episodes([row for _, row in todo], make_env, policy, max_turns=recipe.env.max_turns, tool_timeout=tool_timeout,

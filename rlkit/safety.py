@@ -122,14 +122,18 @@ def check_replaceable_file(path: str | Path, flag: str, keys: Iterable[str]) -> 
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a directory; give a file path")
     with path.open("rb") as f:
-        head = f.read(1 << 20)
+        head = f.readline(1 << 26)  # a JSONL file's first record, whole (a trajectory can be long)
+        head += f.read(1 << 16)
     if not head.strip():
         return path
-    first = head.split(b"\n", 1)[0] if not head.lstrip().startswith(b"{\n") else head
-    try:
-        record = json.loads(first.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        record = None
+    if head.startswith(b"{\n"):  # an indented JSON document (eval results): its top-level keys, read by line
+        found = set(re.findall(rb'^  "(\w+)": ', head, flags=re.MULTILINE))
+        record = {k.decode(): None for k in found}
+    else:
+        try:
+            record = json.loads(head.split(b"\n", 1)[0].decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            record = None
     if not (isinstance(record, dict) and set(keys) <= set(record)):
         raise UserError(f"{flag} {path}: is not a file rlkit wrote; rlkit replaces only its own outputs: "
                         "delete it yourself or choose a new file")
