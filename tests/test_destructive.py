@@ -324,3 +324,19 @@ def test_rollout_appends_as_it_goes_survives_a_lone_surrogate_and_resumes(tmp_pa
     assert [r["id"] for r in safety.read_records(out)] == [r["id"] for r in records]
     with pytest.raises(UserError, match="already exists; pass --resume"):
         rollout(CALCULATOR, endpoint="http://127.0.0.1:9/v1", smoke=True, limit=4, out=out)
+
+
+def test_eval_writes_each_example_as_it_goes_and_resumes_after_a_kill(tmp_path):
+    from rlkit.evaluate import evaluate
+
+    out = tmp_path / "results.json"
+    one_by_one = ["eval.batch_size=1", "eval.max_new_tokens=4"]  # each example independent of its batch
+    first = evaluate(SFT, limit=4, smoke=True, out=out, overrides=one_by_one, show_progress=False)
+    journal = out.with_suffix(".examples.jsonl")
+    lines = journal.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == first["examples"] and len(lines) == 4
+    journal.write_text("\n".join(lines[:2]) + "\n" + lines[2][:30])  # killed while writing the third
+    out.unlink()
+    again = evaluate(SFT, limit=4, smoke=True, out=out, overrides=one_by_one, show_progress=False, resume=True)
+    assert again["examples"] == first["examples"] and again["accuracy"] == first["accuracy"]
+    assert json.loads(out.read_text())["n"] == 4
