@@ -126,7 +126,9 @@ def test_redact_scrub_and_the_log_filter(monkeypatch, caplog):
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
     secrets.register("sk-registered-123456")
     secrets.register("abc")  # too short to be told apart from ordinary text: ignored
-    assert secrets.redact("token hf_abcdefghijklmnop and sk-registered-123456; abc") == "token *** and ***; abc"
+    secrets.register("k3y!")  # a short key is still a key
+    assert secrets.redact("token hf_abcdefghijklmnop and sk-registered-123456; abc k3y!") == \
+        "token *** and ***; abc ***"
     config = {"trainer": {"hub_token": "hf_x", "learning_rate": 1e-5, "report_to": ["wandb"]},
               "endpoint": {"api_key": "k", "url": "http://h/?key=hf_abcdefghijklmnop"}, "name": "run",
               "max_tokens": 300, "empty_token": None}
