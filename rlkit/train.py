@@ -22,6 +22,10 @@ log = logging.getLogger("rlkit")
 
 
 def default_run_dir(recipe: Any, smoke: bool) -> Path:
+    # `name: .` would make the run directory runs/ itself (every other run inside it), `a/b` a nested one.
+    if recipe.name in ("", ".", "..") or "/" in recipe.name or "\\" in recipe.name:
+        raise UserError(f"name {recipe.name!r}: the run directory is runs/<name>, so the name must be a plain "
+                        "file name; or pass --output-dir")
     return Path("runs") / (f"{recipe.name}-smoke" if smoke else recipe.name)
 
 
