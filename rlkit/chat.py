@@ -9,6 +9,7 @@ Type ``/reset`` to start over, ``/exit`` (or Ctrl-D) to leave.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def chat(target: str, *, env: str | None = None, recipe_path: Path | None = None
             episode.take(policy.generate([episode.messages], tools)[0], max_turns=max_turns, tool_timeout=30.0)
             _show(console, episode.messages[shown:])
         if episode.error:
-            console.print(f"[red]error:[/] {episode.error}")
+            console.print(f"[red]error:[/] {shown(episode.error)}")
         elif episode.stopped_by:
             console.print(f"[yellow](stopped after {max_turns} tool rounds)[/]")
 
@@ -113,20 +114,29 @@ def _tools(env: Any) -> list[dict]:
     return tool_schemas(env) if env is not None else []
 
 
-def _show(console: Any, messages: list[dict[str, Any]]) -> None:
+def shown(text: Any) -> str:
+    """Text from a model or a tool, safe to print: rich markup escaped, and control characters (ANSI escape
+    sequences that could recolour, move the cursor or retitle the terminal) written as visible ``\\x1b``."""
     from rich.markup import escape
 
+    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text)))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _show(console: Any, messages: list[dict[str, Any]]) -> None:
     for message in messages:
         if message["role"] == "assistant":
             if message.get("reasoning_content"):
-                console.print(f"[dim]{escape(message['reasoning_content'].strip())}[/]")
+                console.print(f"[dim]{shown(message['reasoning_content'].strip())}[/]")
             if message.get("content"):
-                console.print(f"[bold cyan]model>[/] {escape(message['content'].strip())}")
+                console.print(f"[bold cyan]model>[/] {shown(message['content'].strip())}")
             for call in message.get("tool_calls") or []:
                 fn = call.get("function", {})
-                console.print(f"[magenta]→ {escape(fn.get('name', '?'))}[/]"
-                              f"({escape(json.dumps(fn.get('arguments'), ensure_ascii=False))})")
+                console.print(f"[magenta]→ {shown(fn.get('name', '?'))}[/]"
+                              f"({shown(json.dumps(fn.get('arguments'), ensure_ascii=False))})")
         elif message["role"] == "tool":
             content = message["content"]
             short = content if len(content) <= 600 else content[:600] + " …"
-            console.print(f"[green]← {escape(message.get('name', 'tool'))}:[/] {escape(short)}")
+            console.print(f"[green]← {shown(message.get('name', 'tool'))}:[/] {shown(short)}")

@@ -151,11 +151,12 @@ def eval_(
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
     out: Path = typer.Option(None, "--out", help="Results JSON (default RUN/eval/<model>.json)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed eval after the examples it wrote."),
 ) -> None:
     """Greedy pass@1 accuracy on the recipe's eval split."""
     from rlkit.evaluate import evaluate
 
-    results = evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [])
+    results = evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume)
     print_eval(results)
 
 
@@ -200,8 +201,9 @@ def rollout(
     sft_out: Path = typer.Option(None, "--sft-out", help="Also write the successful trajectories as SFT rows here."),
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue --out: play only the rows it does not hold yet."),
 ) -> None:
-    """Run the recipe's tool agent episode by episode; write trajectories.jsonl and summarise it."""
+    """Run the recipe's tool agent episode by episode; append each to trajectories.jsonl as it ends; summarise."""
     from rlkit.analyze import analyze, render
     from rlkit.rollout import rollout as run_rollout
 
@@ -210,7 +212,7 @@ def rollout(
     result = run_rollout(target, model=model, endpoint=endpoint, api_key=api_key, served_model=served_model,
                          concurrency=concurrency, backend=backend, split=split, limit=limit, out=out, sft_out=sft_out,
                          temperature=temperature, max_new_tokens=max_new_tokens, tool_timeout=tool_timeout,
-                         timeout=timeout, retries=retries, smoke=smoke, overrides=set_ or [])
+                         timeout=timeout, retries=retries, smoke=smoke, overrides=set_ or [], resume=resume)
     console = _console()
     render(analyze(result["path"]), console)
     console.print(f"{result['episodes']} episodes, {result['successes']} successful: {result['path']}")
@@ -375,7 +377,8 @@ def pairs(
     limit: int = typer.Option(None, "--limit", min=1, help="Use the first N prompts."),
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file (one rlkit wrote)."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the pairs already in --out; sample the other prompts."),
 ) -> None:
     """Sample K completions per prompt, score them with the recipe's rewards, keep (best, worst) pairs."""
     from rich.table import Table
@@ -383,7 +386,7 @@ def pairs(
     from rlkit.pairs import build_pairs
 
     summary = build_pairs(recipe, model, out, samples=samples, min_gap=min_gap, limit=limit, smoke=smoke,
-                          overrides=set_ or [], overwrite=overwrite)
+                          overrides=set_ or [], overwrite=overwrite, resume=resume)
     table = Table(title=f"pairs: {summary['recipe']} ({summary['model']})", show_header=False)
     for key in ("prompts", "samples", "pairs", "tied_prompts", "mean_reward", "seconds"):
         value = summary[key]
@@ -503,6 +506,17 @@ def main() -> None:
     except _refused() as e:
         print(f"rlkit: doctor: {redact(str(e))}; see `rlkit doctor RECIPE`, or pass --no-doctor", file=sys.stderr)
         sys.exit(1)
+    except OSError as e:
+        import errno
+
+        # A full disk or a read-only mount is the machine's state, not a bug: one line (rlkit's own writers
+        # already say this; this catches the same from transformers/torch saving a checkpoint).
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        from rlkit.safety import os_error
+
+        print(f"rlkit: error: {redact(str(os_error(e, Path(e.filename or '.'))))}", file=sys.stderr)
+        sys.exit(2)
     except Interrupted as e:
         from rlkit.launch import LAUNCHED_ENV, is_main_process
 

@@ -7,13 +7,18 @@ or another run directory.
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlkit import safety
 from rlkit.errors import UserError
+
+log = logging.getLogger("rlkit")
 
 
 def evaluate(
@@ -25,17 +30,27 @@ def evaluate(
     out: str | Path | None = None,
     overrides: list[str] | None = None,
     show_progress: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...)."""
+    """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...).
+
+    Each example (each trajectory, for an agent) is appended to a JSONL file next to the results as it
+    finishes; ``resume`` continues after the ones a killed eval wrote.
+    """
     from rlkit.data import get_task, load_rows, task_rows
 
+    if out is not None:  # before any model loads: never a results file rlkit did not write
+        safety.check_target(out, "--out")
+        if Path(out).exists():
+            safety.check_replaceable_file(out, "--out", ("recipe", "model"))
     recipe, run_dir = resolve_target(target, overrides, smoke)
     if recipe.data.eval is None:
         raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
     if recipe.env is not None:
         from rlkit.rollout import evaluate_agent
 
-        return evaluate_agent(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
+        return evaluate_agent(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress,
+                              resume=resume)
     if recipe.algorithm == "reward":
         return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
     task = get_task(recipe.data.task)
@@ -45,24 +60,50 @@ def evaluate(
     rows = task_rows(recipe, "eval", load_rows(recipe.data.task, source))
 
     lm, tokenizer, label = load_for_eval(recipe, run_dir, model)
-    started = time.time()
-    completions = generate(lm, tokenizer, list(rows["prompt"]), recipe.model.chat_template_kwargs,
-                           max_new_tokens=recipe.eval.max_new_tokens, batch_size=recipe.eval.batch_size,
-                           show_progress=show_progress)
-    elapsed = time.time() - started
-    scores = task.score(completions, rows)
     from rlkit.rewards.math import extract_answer
 
-    examples = [
-        {"prompt": row["prompt"][-1]["content"], "gold": row["answer"], "prediction": extract_answer(c),
-         "completion": c, "correct": bool(s)}
-        for row, c, s in zip(rows, completions, scores, strict=True)
-    ]
-    results = {
-        "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
-        "accuracy": sum(scores) / len(scores), "seconds": round(elapsed, 2), "examples": examples,
-    }
-    return _write(results, Path(out) if out else _default_out(recipe.name, run_dir, label))
+    path = Path(out) if out else _default_out(recipe.name, run_dir, label)
+    with safety.hold(path), journal(path, ".examples.jsonl", resume, ("prompt", "completion")) as sink:
+        # Examples are written in row order as each batch finishes: a killed eval resumes after the last one.
+        todo = rows.select(range(len(sink.done), len(rows)))
+
+        def write_batch(first: int, completions: list[str]) -> None:
+            batch = todo.select(range(first, first + len(completions)))
+            for row, c, s in zip(batch, completions, task.score(completions, batch), strict=True):
+                sink.write({"prompt": row["prompt"][-1]["content"], "gold": row["answer"],
+                            "prediction": extract_answer(c), "completion": c, "correct": bool(s)})
+
+        started = time.time()
+        generate(lm, tokenizer, list(todo["prompt"]), recipe.model.chat_template_kwargs,
+                 max_new_tokens=recipe.eval.max_new_tokens, batch_size=recipe.eval.batch_size,
+                 show_progress=show_progress, on_batch=write_batch)
+        elapsed = time.time() - started
+        examples = safety.read_records(sink.path)
+        results = {
+            "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
+            "accuracy": sum(e["correct"] for e in examples) / len(examples), "seconds": round(elapsed, 2),
+            "examples": examples,
+        }
+        return _write(results, path)
+
+
+@contextmanager
+def journal(results: Path, suffix: str, resume: bool, keys: tuple[str, ...]) -> Iterator[Any]:
+    """The JSONL file next to ``results`` that an eval appends each finished record to.
+
+    Without ``resume`` an earlier one is replaced, and only if rlkit wrote it.
+    """
+    path = results.with_suffix(suffix)
+    safety.check_target(path, "--out")
+    if results.exists():
+        safety.check_replaceable_file(results, "--out", ("recipe", "model"))
+    if path.exists() and not resume:
+        safety.check_replaceable_file(path, "--out", keys)
+        path.unlink()
+    with safety.JsonlAppender(path, resume=resume, keys=keys) as sink:
+        if sink.done:
+            log.info("%s: %d records already written; continuing after them", path, len(sink.done))
+        yield sink
 
 
 def resolve_target(target: str | Path, overrides: list[str] | None = None,
@@ -129,8 +170,11 @@ def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, 
 
 
 def _write(results: dict[str, Any], path: Path) -> dict[str, Any]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
+    safety.check_target(path, "--out")
+    if path.exists():
+        safety.check_replaceable_file(path, "--out", ("recipe", "model"))
+    safety.make_parent(path, "eval")
+    safety.write_text(path, safety.dumps(results, indent=2))
     results["path"] = str(path)
     return results
 
@@ -180,10 +224,11 @@ def _base_plus_adapter(recipe: Any, adapter: Path) -> tuple[Any, Any]:
 def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwargs: dict[str, Any], *,
              max_new_tokens: int, batch_size: int, show_progress: bool = True,
              num_return_sequences: int = 1, temperature: float | None = None,
-             description: str = "generating") -> list[str]:
+             description: str = "generating", on_batch: Any = None) -> list[str]:
     """Completions for chat prompts, batched with left padding: greedy, or sampled at ``temperature``.
 
     With ``num_return_sequences=k`` the result holds k completions per prompt, prompt by prompt.
+    ``on_batch(first_prompt_index, completions)`` sees each batch as soon as it is decoded (to write it).
     """
     import torch
 
@@ -202,6 +247,9 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
             ids = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                                  **sampling_kwargs(temperature, num_return_sequences))
             new = ids[:, batch["input_ids"].shape[1]:]
-            out.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+            decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
+            out.extend(decoded)
+            if on_batch is not None:
+                on_batch(i, decoded)
             advance(len(batch["input_ids"]))
     return out

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit import safety
 from rlkit.errors import UserError
 
 log = logging.getLogger("rlkit")
@@ -75,19 +76,26 @@ def merge(
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Merge the adapter of ``source`` (a run or adapter directory) into ``out``; returns the report."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from rlkit import progress as progress_
-
     if base not in BASE_MODES:
         raise UserError(f"--base: expected one of {', '.join(BASE_MODES)}, got {base!r}")
     if dtype not in DTYPES:
         raise UserError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     src = read_source(source, base_model)
     out = Path(out)
-    _check_out(out, [src.adapter, Path(_canonical(src.spec.name_or_path))], overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    inputs = [src.adapter, Path(_canonical(src.spec.name_or_path))]
+    safety.check_target(out, "--out", inputs)
+    with safety.hold(out):  # one merge into --out at a time
+        _check_out(out, inputs, overwrite)
+        return _merge(src, out, base, dtype, show_progress)
+
+
+def _merge(src: Source, out: Path, base: str, dtype: str, show_progress: bool) -> dict[str, Any]:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from rlkit import progress as progress_
+
     tmp = _sibling(out, "merging")
+    safety.make_dir(tmp, "merge")  # the marker moves into --out with the model
     seconds: dict[str, float] = {}
     started = time.time()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
@@ -176,18 +184,18 @@ def _canonical(name: str) -> str:
 
 
 def _check_out(out: Path, inputs: list[Path], overwrite: bool) -> None:
-    target = out.resolve()
-    for path in (p.resolve() for p in inputs if p.exists()):
-        if target == path or target in path.parents or path in target.parents:
-            raise UserError(f"--out {out}: overlaps the input directory {path}; write the merged model elsewhere")
+    safety.check_target(out, "--out", inputs)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"--out {out}: directory is not empty; pass --overwrite to replace it")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise UserError(f"--out {out}: directory is not empty; pass --overwrite to replace it")
+        safety.remove(out, "--out", inputs, delete=False)  # replaced only once the new model is verified
 
 
 def _sibling(out: Path, tag: str) -> Path:
     path = out.parent / f".{out.name}.{tag}-{uuid.uuid4().hex[:8]}"
+    safety.make_parent(path, "merge")
     path.mkdir()  # unlike mkdtemp, honours the umask: the renamed DIR gets the usual permissions
     return path
 

@@ -11,12 +11,14 @@ the row's other columns, which a dpo recipe reads as ``data.train.path``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rlkit import runs
+from rlkit import safety
 from rlkit.errors import UserError
 
 log = logging.getLogger("rlkit")
@@ -33,9 +35,13 @@ def build_pairs(
     smoke: bool = False,
     overrides: list[str] | None = None,
     overwrite: bool = False,
+    resume: bool = False,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Sample, score and pair; writes ``out`` and returns a summary."""
+    """Sample, score and pair; appends each pair to ``out`` as its prompt is scored; returns a summary.
+
+    ``resume`` keeps the pairs a killed run wrote and samples only the prompts without one.
+    """
     import torch
 
     from rlkit.data import load_prompt_rows
@@ -44,8 +50,13 @@ def build_pairs(
     from rlkit.rewards import RewardSet
 
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise UserError(f"{out}: already exists; pass --overwrite to replace it")
+    if resume and overwrite:
+        raise UserError("--resume continues --out and --overwrite replaces it; choose one")
+    safety.check_target(out, "--out")
+    if out.exists() and not resume:
+        if not overwrite:
+            raise UserError(f"{out}: already exists; pass --resume to continue it or --overwrite to replace it")
+        safety.check_replaceable_file(out, "--out", ("prompt", "chosen", "rejected"))
     recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
     if recipe.pairs is None:
         raise UserError(f"{recipe_path}: no `pairs:` section (prompts to sample from); see recipes/gsm8k_dpo.yaml")
@@ -57,25 +68,53 @@ def build_pairs(
     rows = load_prompt_rows(recipe.data.task, source)
     rewards = RewardSet(recipe.rewards)
 
-    lm, tokenizer, label = load_for_eval(recipe, None, model)
-    torch.manual_seed(spec.seed)
-    started = time.time()
-    texts = generate(lm, tokenizer, list(rows["prompt"]), recipe.model.chat_template_kwargs,
+    with safety.hold(out):
+        if out.exists() and not resume:
+            out.unlink()  # checked above: a pairs file rlkit wrote, and --overwrite asked for it
+        with safety.JsonlAppender(out, resume=resume, keys=("prompt", "chosen", "rejected")) as sink:
+            written = Counter(json.dumps(p["prompt"], sort_keys=True) for p in sink.done)
+            # A prompt whose pair is in the file is done; one that tied before is sampled again.
+            todo = [i for i, p in enumerate(rows["prompt"]) if not _take(written, json.dumps(p, sort_keys=True))]
+            if sink.done:
+                log.info("%s: %d pairs already written; sampling the other %d prompts", out, len(sink.done),
+                         len(todo))
+            rows = rows.select(todo)
+            lm, tokenizer, label = load_for_eval(recipe, None, model)
+            torch.manual_seed(spec.seed)
+            started = time.time()
+            totals: list[float] = []
+            tied = 0
+
+            def write_batch(first: int, texts: list[str]) -> None:
+                nonlocal tied
+                batch = rows.select(range(first // spec.samples, (first + len(texts)) // spec.samples))
+                pairs, scores, ties = _pairs(batch, texts, spec.samples, spec.min_gap, rewards)
+                for pair in pairs:
+                    sink.write(pair)
+                totals.extend(scores)
+                tied += ties
+
+            generate(lm, tokenizer, list(rows["prompt"]), recipe.model.chat_template_kwargs,
                      max_new_tokens=spec.max_new_tokens or recipe.eval.max_new_tokens, batch_size=spec.batch_size,
                      num_return_sequences=spec.samples, temperature=spec.temperature, show_progress=show_progress,
-                     description=f"sampling {spec.samples} per prompt")
-    seconds = time.time() - started
-    pairs, totals, tied = _pairs(rows, texts, spec.samples, spec.min_gap, rewards)
-
-    runs.write_jsonl(pairs, out)  # never a half-written pairs file
+                     description=f"sampling {spec.samples} per prompt", on_batch=write_batch)
+            seconds = time.time() - started
+    written_now = len(safety.read_records(out))
     summary = {
         "recipe": recipe.name, "model": label, "out": str(out), "prompts": len(rows), "samples": spec.samples,
-        "pairs": len(pairs), "min_gap": spec.min_gap, "tied_prompts": tied,
-        "mean_reward": sum(totals) / len(totals), "seconds": round(seconds, 2),
+        "pairs": written_now, "min_gap": spec.min_gap, "tied_prompts": tied,
+        "mean_reward": sum(totals) / len(totals) if totals else float("nan"), "seconds": round(seconds, 2),
     }
-    if not pairs:
+    if not written_now:
         log.warning("no prompt had a reward gap above %s: %s is empty", spec.min_gap, out)
     return summary
+
+
+def _take(counter: Counter, key: str) -> bool:
+    if counter[key] > 0:
+        counter[key] -= 1
+        return True
+    return False
 
 
 def _pairs(rows: Any, texts: list[str], k: int, min_gap: float, rewards: Any) -> tuple[list[dict], list[float], int]:

@@ -231,8 +231,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such recipe file (see `rlkit recipes list`)")
+    from rlkit.safety import load_yaml
+
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -304,6 +306,7 @@ def load_recipe(
 
 def validate(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
     data = {k: _floats_in(v) for k, v in data.items()}
+    _check_finite(data, source)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as e:
@@ -371,6 +374,20 @@ def _check_env(recipe: Recipe, source: str) -> None:
         check_env_args(recipe.env.name, recipe.env.args)
     except UserError as e:
         raise UserError(f"{source}: {e}") from None
+
+
+def _check_finite(value: Any, source: str, key: str = "") -> None:
+    """A NaN or infinite number (`.inf`, `1e999`) anywhere in a recipe trains garbage: refuse it at load."""
+    import math
+
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, source, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, source, f"{key}.{i}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{source}: {key}: {value} is not a finite number")
 
 
 def _floats_in(value: Any) -> Any:

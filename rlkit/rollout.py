@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlkit import runs
+from rlkit import runs, safety
 from rlkit.errors import UserError
 from rlkit.evaluate import sampling_kwargs
 
 log = logging.getLogger("rlkit")
+TRAJECTORY_KEYS = ("id", "messages")  # what every trajectory record holds: how a file rlkit wrote is told apart
 
 
 @dataclass
@@ -395,8 +396,11 @@ def _until_eos(ids: list[int], eos: int) -> list[int]:
 
 
 def run_episodes(rows: Sequence[dict[str, Any]], make_env: Callable[[], Any], policy: Any, *, max_turns: int,
-                 tool_timeout: float | None = 30.0, concurrency: int = 8, show_progress: bool = True) -> list[Episode]:
-    """Run one episode per row to the end; returns them in row order."""
+                 tool_timeout: float | None = 30.0, concurrency: int = 8, show_progress: bool = True,
+                 on_done: Callable[[Episode], None] | None = None) -> list[Episode]:
+    """Run one episode per row to the end; returns them in row order. ``on_done(episode)`` sees each one
+    as it finishes (to write it at once)."""
+    on_done = on_done or (lambda episode: None)
     from rlkit import progress
     from rlkit.envs import tool_schemas
 
@@ -413,18 +417,21 @@ def run_episodes(rows: Sequence[dict[str, Any]], make_env: Callable[[], Any], po
     tools = tool_schemas(episodes[0].env)
     with progress.bar("rollouts", len(episodes), show=show_progress) as advance:
         if policy.concurrent:
-            asyncio.run(_run_concurrent(episodes, policy, tools, max_turns, tool_timeout, concurrency, advance))
+            asyncio.run(_run_concurrent(episodes, policy, tools, max_turns, tool_timeout, concurrency, advance,
+                                        on_done))
         else:
             while live := [e for e in episodes if not e.done]:
                 for episode, turn in zip(live, policy.generate([e.messages for e in live], tools), strict=True):
                     episode.take(turn, max_turns=max_turns, tool_timeout=tool_timeout)
                     if episode.done:
+                        on_done(episode)
                         advance()
     return episodes
 
 
 async def _run_concurrent(episodes: list[Episode], policy: Any, tools: list[dict], max_turns: int,
-                          tool_timeout: float | None, concurrency: int, advance: Callable[[], None]) -> None:
+                          tool_timeout: float | None, concurrency: int, advance: Callable[[], None],
+                          on_done: Callable[[Episode], None]) -> None:
     await policy.model_name()  # fail once, clearly, before any episode runs
     limit = asyncio.Semaphore(concurrency)
 
@@ -440,6 +447,7 @@ async def _run_concurrent(episodes: list[Episode], policy: Any, tools: list[dict
         except Exception as e:  # one malformed response must not cost the other episodes
             log.exception("episode %d failed", episode.index)
             episode.error, episode.done = f"rollout error: {_describe(e)}", True
+        on_done(episode)
         advance()
 
     await asyncio.gather(*(play(e) for e in episodes))
@@ -507,8 +515,9 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
             limit: int | None = None, out: str | Path | None = None, sft_out: str | Path | None = None,
             temperature: float = 0.0, max_new_tokens: int | None = None, tool_timeout: float = 30.0,
             timeout: float = 120.0, retries: int = 2, smoke: bool = False, overrides: list[str] | None = None,
-            show_progress: bool = True) -> dict[str, Any]:
-    """Run the recipe's agent on a split; write ``trajectories.jsonl`` (and successful ones as SFT rows)."""
+            show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Run the recipe's agent on a split; append each finished episode to ``trajectories.jsonl`` (and the
+    successful ones as SFT rows at the end). ``resume`` plays only the rows ``out`` does not hold yet."""
     from rlkit.evaluate import resolve_target
 
     recipe, run_dir = resolve_target(target, overrides, smoke)
@@ -516,10 +525,18 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
         raise UserError(f"{target}: the recipe has no `env:` (tool environment), so there is nothing to roll out")
     if endpoint and (model or backend != "hf"):
         raise UserError("--endpoint generates on the server; drop --model/--backend")
-    if sft_out is not None and Path(sft_out).exists():
-        raise UserError(f"--sft-out {sft_out}: already exists; choose a new file")
-    if out is not None and Path(out).exists():
-        raise UserError(f"--out {out}: already exists; choose a new file or delete it")
+    if sft_out is not None:
+        safety.check_target(sft_out, "--sft-out")
+        if Path(sft_out).exists():
+            raise UserError(f"--sft-out {sft_out}: already exists; choose a new file")
+    if out is not None:
+        safety.check_target(out, "--out")
+        if Path(out).exists() and not resume:
+            raise UserError(f"--out {out}: already exists; pass --resume to continue it, or choose a new file")
+        if Path(out).exists():
+            safety.check_replaceable_file(out, "--out", TRAJECTORY_KEYS)
+    if resume and out is None:
+        raise UserError("--resume continues the trajectories file given by --out; name it")
     from rlkit.envs import make_factory
 
     # Data and environment (its index) first: a bad split or corpus fails before a model loads.
@@ -527,9 +544,11 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
     policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
                                 served_model=served_model, backend=backend, temperature=temperature,
                                 max_new_tokens=max_new_tokens, timeout=timeout, retries=retries)
-    records = _play(recipe, rows, make_env, policy, tool_timeout, concurrency, show_progress)
     path = Path(out) if out else _free_path(_default_dir(recipe.name, run_dir, label) / "trajectories.jsonl")
-    runs.write_jsonl(records, path)
+    with safety.hold(path):
+        with safety.JsonlAppender(path, resume=resume, keys=TRAJECTORY_KEYS) as sink:
+            _play(recipe, rows, make_env, policy, tool_timeout, concurrency, show_progress, sink)
+        records = _in_row_order(path, rows)
     result: dict[str, Any] = {"path": str(path), "episodes": len(records),
                               "successes": sum(r["success"] for r in records),
                               "transport_failures": transport_failures(records)}
@@ -543,27 +562,29 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
 
 
 def evaluate_agent(recipe: Any, run_dir: Path | None, model: str | None, *, limit: int | None,
-                   out: str | Path | None, show_progress: bool = True) -> dict[str, Any]:
+                   out: str | Path | None, show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """``rlkit eval`` of an agent recipe: greedy rollouts on the eval split, scored like ``rlkit analyze``."""
     from rlkit.analyze import analyze
     from rlkit.envs import make_factory
-    from rlkit.evaluate import _default_out, _write
+    from rlkit.evaluate import _default_out, _write, journal
 
     rows, make_env = _episode_rows(recipe, "eval", limit), make_factory(recipe)
     policy, label = make_policy(recipe, run_dir, model=model)
     started = time.time()
-    records = _play(recipe, rows, make_env, policy, 30.0, 8, show_progress)
     results_path = Path(out) if out else _default_out(recipe.name, run_dir, label)
-    trajectories = results_path.with_suffix(".trajectories.jsonl")
-    runs.write_jsonl(records, trajectories)
-    report = analyze(trajectories)
-    overall = report["answers"]["all"]
-    results = {"recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(records),
-               "accuracy": overall["accuracy"], "em": overall["em"], "f1": overall["f1"],
-               "evidence_recall": overall.get("evidence_recall"),
-               "by_question_type": report["answers"], "seconds": round(time.time() - started, 2),
-               "trajectories": str(trajectories)}
-    return _write(results, results_path)
+    with safety.hold(results_path), journal(results_path, ".trajectories.jsonl", resume, TRAJECTORY_KEYS) as sink:
+        _play(recipe, rows, make_env, policy, 30.0, 8, show_progress, sink)
+        sink.close()
+        trajectories = sink.path
+        records = _in_row_order(trajectories, rows)
+        report = analyze(trajectories)
+        overall = report["answers"]["all"]
+        results = {"recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(records),
+                   "accuracy": overall["accuracy"], "em": overall["em"], "f1": overall["f1"],
+                   "evidence_recall": overall.get("evidence_recall"),
+                   "by_question_type": report["answers"], "seconds": round(time.time() - started, 2),
+                   "trajectories": str(trajectories)}
+        return _write(results, results_path)
 
 
 def _episode_rows(recipe: Any, split: str, limit: int | None) -> list[dict[str, Any]]:
@@ -578,10 +599,30 @@ def _episode_rows(recipe: Any, split: str, limit: int | None) -> list[dict[str, 
 
 
 def _play(recipe: Any, rows: list[dict[str, Any]], make_env: Callable[[], Any], policy: Any, tool_timeout: float,
-          concurrency: int, show_progress: bool) -> list[dict[str, Any]]:
-    episodes = run_episodes(rows, make_env, policy, max_turns=recipe.env.max_turns, tool_timeout=tool_timeout,
-                            concurrency=concurrency, show_progress=show_progress)
-    return score_episodes(episodes, recipe)
+          concurrency: int, show_progress: bool, sink: Any) -> None:
+    """Play the rows whose record ``sink`` does not hold yet; write each record the moment its episode ends."""
+    done = {str(r.get("id")) for r in sink.done}
+    todo = [(i, row) for i, row in enumerate(rows) if str(row.get("id", i)) not in done]
+    if sink.done:
+        log.info("%s: %d episodes already written; playing the other %d", sink.path, len(sink.done), len(todo))
+
+    def write(episode: Episode) -> None:
+        record = score_episodes([episode], recipe)[0]
+        record["id"] = episode.row.get("id", str(todo[episode.index][0]))  # or the row's place in the whole split
+        if not sink.written:  # the path a killed run's --resume needs
+            log.info("writing trajectories to %s as episodes finish", sink.path)
+        sink.write(record)
+
+    run_episodes([row for _, row in todo], make_env, policy, max_turns=recipe.env.max_turns, tool_timeout=tool_timeout,
+                 concurrency=concurrency, show_progress=show_progress, on_done=write)
+
+
+def _in_row_order(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rewrite a finished trajectories file (written as episodes ended) in the split's row order."""
+    place = {str(row.get("id", i)): i for i, row in enumerate(rows)}
+    records = sorted(safety.read_records(path), key=lambda r: place.get(str(r.get("id")), len(place)))
+    runs.write_jsonl(records, path)
+    return records
 
 
 def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, endpoint: str | None = None,

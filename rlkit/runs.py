@@ -39,21 +39,25 @@ _PACKAGES = ("rlkit", "trl", "transformers", "peft", "torch", "accelerate", "dat
              "unsloth", "vllm")
 
 
-def prepare(run_dir: Path, overwrite: bool, main: bool = True) -> Path:
+def prepare(run_dir: Path, overwrite: bool, main: bool = True, inputs: tuple[Path, ...] = ()) -> Path:
     """Create an empty run directory; refuse to mix a new run into an old one.
 
     A run that stopped before its first checkpoint (killed while loading, say) left nothing worth
-    keeping, so it is replaced without ``--overwrite``: it never blocks a retry. With several
-    processes every rank checks (they all refuse alike) and only the ``main`` one deletes and creates.
+    keeping, so it is replaced without ``--overwrite``: it never blocks a retry. Either way only a
+    directory rlkit owns is deleted (see rlkit.safety), never the cwd, $HOME, a repository or ``inputs``.
+    With several processes every rank checks (they all refuse alike) and only the ``main`` one deletes
+    and creates.
     """
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if overwrite:
-            if main:
-                shutil.rmtree(run_dir)
-        elif _nothing_to_keep(run_dir):
-            if main:
+    from rlkit import safety
+
+    safety.check_target(run_dir, "--output-dir", inputs)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--output-dir {run_dir}: exists and is not a directory")
+    if run_dir.exists() and _contents(run_dir):
+        if overwrite or _nothing_to_keep(run_dir):
+            if main and not overwrite:
                 log.warning("%s: replacing an unfinished run that has no checkpoint", run_dir)
-                shutil.rmtree(run_dir)
+            safety.remove(run_dir, "--output-dir", inputs, safety.RUN_FILES, delete=main)
         elif checkpoints(run_dir) and not (run_dir / "adapter").exists():
             raise UserError(f"{run_dir}: holds an unfinished run (last complete checkpoint: "
                             f"{checkpoints(run_dir)[-1].name}); pass --resume to continue it, --overwrite to start "
@@ -62,12 +66,18 @@ def prepare(run_dir: Path, overwrite: bool, main: bool = True) -> Path:
             raise UserError(f"{run_dir}: run directory is not empty; pass --overwrite to replace it "
                             "or --output-dir to write elsewhere")
     if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        safety.make_dir(run_dir, "run")
     return run_dir
 
 
+def _contents(run_dir: Path) -> set[str]:
+    from rlkit.safety import MARKER
+
+    return {p.name for p in run_dir.iterdir()} - {MARKER}
+
+
 def _nothing_to_keep(run_dir: Path) -> bool:
-    names = {p.name for p in run_dir.iterdir()}
+    names = _contents(run_dir)
     return RESOLVED in names and names <= _SETUP_FILES and not checkpoints(run_dir)
 
 
@@ -127,8 +137,14 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def checkpoint_callback() -> Any:
-    """A TrainerCallback writing COMPLETE into each checkpoint once everything in it is saved."""
+def checkpoint_callback(keep: int | None = None) -> Any:
+    """A TrainerCallback writing COMPLETE into each checkpoint once everything in it is saved, then
+    keeping the newest ``keep`` complete checkpoints (``trainer.save_total_limit``).
+
+    rlkit rotates instead of transformers: transformers deletes old checkpoints inside the save, before
+    this mark, so a kill in between left no complete checkpoint at all. Here an old checkpoint goes only
+    once a newer one is marked complete. ``build_trainer`` hands TRL ``save_total_limit=None`` for this.
+    """
     from transformers import TrainerCallback
 
     class MarkComplete(TrainerCallback):
@@ -138,6 +154,12 @@ def checkpoint_callback() -> Any:
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if path.is_dir():
                 (path / COMPLETE).write_text(json.dumps({"step": state.global_step, "max_steps": state.max_steps}))
+            if keep:
+                best = Path(state.best_model_checkpoint).resolve() if state.best_model_checkpoint else None
+                complete = checkpoints(Path(args.output_dir).parent)
+                for old in complete[:-keep]:
+                    if old.resolve() != best:
+                        shutil.rmtree(old)
 
     return MarkComplete()
 
@@ -189,25 +211,23 @@ def holds_adapter(path: str | Path) -> bool:
 
 
 def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Write JSON lines atomically: a reader never sees half a file. Known secrets are masked."""
-    import os
-
-    from rlkit.secrets import redact
+    """Write JSON lines atomically: a reader never sees half a file. Known secrets are masked, and model
+    text is kept whole (rlkit.safety.dumps)."""
+    from rlkit import safety
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
-    os.replace(partial, path)
+    safety.make_parent(path, "output")
+    safety.write_text(path, "".join(safety.dumps(row) + "\n" for row in rows))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The logged rows; a half-written last line (SIGKILL, a full disk) is dropped, not an error."""
+    from rlkit.safety import read_records
+
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_records(path)
 
 
 def metrics_callback(run_dir: Path):
@@ -218,14 +238,32 @@ def metrics_callback(run_dir: Path):
 
     class MetricsJsonl(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or not logs:
+            if not logs:
                 return
-            row = {"step": state.global_step, "epoch": state.epoch,
-                   **{k: _jsonable(v) for k, v in logs.items()}}
-            with path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if state.is_world_process_zero:
+                row = {"step": state.global_step, "epoch": state.epoch,
+                       **{k: _jsonable(v) for k, v in logs.items()}}
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            _stop_on_non_finite(logs, state.global_step)  # every rank: they stop together
 
     return MetricsJsonl()
+
+
+def _stop_on_non_finite(logs: dict[str, Any], step: int) -> None:
+    """Stop the run with one line when the loss logged at ``step`` is NaN or infinite, or the gradient norm
+    is NaN (an infinite one is fp16's loss scaler skipping a step, which is normal).
+
+    The log comes before the step's checkpoint is saved, so the run keeps its last good checkpoint.
+    Rewards are checked where they are computed (rlkit.rewards), naming the reward function.
+    """
+    for key, value in logs.items():
+        if key not in ("loss", "train_loss", "grad_norm") or not isinstance(value, int | float):
+            continue
+        if math.isnan(value) or (key != "grad_norm" and not math.isfinite(value)):
+            raise UserError(f"step {step}: {key} is {value}; training stopped (the numbers went non-finite: lower "
+                            "trainer.learning_rate or check the data and rewards); the last complete checkpoint "
+                            "is kept")
 
 
 def _jsonable(value: Any) -> Any:

@@ -17,7 +17,7 @@ ENV_VARS = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_
             "ANTHROPIC_API_KEY", "VLLM_API_KEY")
 MASK = "***"
 _SECRET_KEY = re.compile(r"(token|api_?key|secret|password)$", re.IGNORECASE)
-_MIN_LENGTH = 6  # shorter values would redact ordinary words and numbers
+_MIN_LENGTH = 4  # a short key is still a key; 3 characters or fewer would redact ordinary words and numbers
 _registered: set[str] = set()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlkit import safety
 from rlkit.errors import Interrupted, UserError
 from rlkit.launch import is_main_process, rank_info
 
@@ -20,6 +22,10 @@ log = logging.getLogger("rlkit")
 
 
 def default_run_dir(recipe: Any, smoke: bool) -> Path:
+    # `name: .` would make the run directory runs/ itself (every other run inside it), `a/b` a nested one.
+    if recipe.name in ("", ".", "..") or "/" in recipe.name or "\\" in recipe.name:
+        raise UserError(f"name {recipe.name!r}: the run directory is runs/<name>, so the name must be a plain "
+                        "file name; or pass --output-dir")
     return Path("runs") / (f"{recipe.name}-smoke" if smoke else recipe.name)
 
 
@@ -63,26 +69,30 @@ def train(
         # transformers maps the optimizer state to `cpu:0` when several CPU processes resume, which torch refuses.
         raise UserError("--resume with several CPU processes fails inside transformers (it loads the optimizer "
                         "state onto 'cpu:0'); resume on GPUs, or start again with --overwrite")
-    if resume:
-        checkpoint = runs.resume_point(run_dir, recipe.to_dict(), main=main)
-        log.info("resuming %s from %s", run_dir, checkpoint.name)
-    else:
-        runs.prepare(run_dir, overwrite, main=main)
-        checkpoint = None
-    barrier()  # the run directory is ready before any rank writes into it
-    again = ["rlkit", "train", str(recipe_path), "--resume", *(["--smoke"] if smoke else []),
-             *(["--output-dir", str(output_dir)] if output_dir else []),
-             *(["--num-processes", str(world)] if world > 1 else []),
-             *(arg for o in overrides or [] for arg in ("--set", o))]
-    try:
-        return _run(recipe, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
-    except UserError:
-        if main and not runs.checkpoints(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
-            for parent in created[1:]:
-                if parent.is_dir() and not any(parent.iterdir()):
-                    parent.rmdir()
-        raise
+    inputs = (Path(recipe.init_from),) if recipe.init_from else ()
+    safety.check_target(run_dir, "--output-dir", inputs)
+    # One writer per run directory. Only the main rank holds the lock: the ranks of one run share it.
+    with safety.hold(run_dir) if main else contextlib.nullcontext():
+        if resume:
+            checkpoint = runs.resume_point(run_dir, recipe.to_dict(), main=main)
+            log.info("resuming %s from %s", run_dir, checkpoint.name)
+        else:
+            runs.prepare(run_dir, overwrite, main=main, inputs=inputs)
+            checkpoint = None
+        barrier()  # the run directory is ready before any rank writes into it
+        again = ["rlkit", "train", str(recipe_path), "--resume", *(["--smoke"] if smoke else []),
+                 *(["--output-dir", str(output_dir)] if output_dir else []),
+                 *(["--num-processes", str(world)] if world > 1 else []),
+                 *(arg for o in overrides or [] for arg in ("--set", o))]
+        try:
+            return _run(recipe, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
+        except UserError:
+            if main and not runs.checkpoints(run_dir) and (run_dir / safety.MARKER).is_file():
+                shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
+                for parent in created[1:]:
+                    if parent.is_dir() and not any(parent.iterdir()):
+                        parent.rmdir()
+            raise
 
 
 def _doctor(recipe: Any, source: str) -> None:
@@ -269,6 +279,9 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     train_ds = algo.dataset(recipe)
     args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source)
     args.run_name = args.run_name or run_dir.name
+    # rlkit's checkpoint callback rotates, after marking the new checkpoint complete (see runs.checkpoint_callback).
+    keep, args.save_total_limit = args.save_total_limit, None
+    _keep_token_out_of_files(args)
     main = is_main_process()
     tracking.prepare(args.report_to, run_dir, main=main)
     # TRL wraps the model in its LoRA inside the trainer's __init__, before transformers' Trainer
@@ -295,7 +308,7 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
         log.info("rank %d of %d (local rank %d) on %s, %d training rows in the dataset", rank, world, local_rank,
                  args.device, len(train_ds), extra={"all_ranks": True})
     trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args,
-                         [runs.metrics_callback(run_dir), runs.checkpoint_callback()])
+                         [runs.metrics_callback(run_dir), runs.checkpoint_callback(keep)])
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(ProgressCallback)  # rlkit's bar (or log line per step) replaces tqdm's
@@ -304,6 +317,19 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     trainer.add_callback(tracking.config_callback(trainer, resolved))
     _require_trainable(getattr(trainer.model, "policy", trainer.model))  # PPO wraps policy + value model
     return trainer, tokenizer
+
+
+def _keep_token_out_of_files(args: Any) -> None:
+    """transformers pickles the whole TrainingArguments into ``training_args.bin`` (adapter and every
+    checkpoint), ``hub_token`` included. The token moves to ``HF_TOKEN``, where huggingface_hub reads it
+    for a push, and is masked in logs from here on."""
+    from rlkit import secrets
+
+    token = getattr(args, "hub_token", None)
+    if token:
+        secrets.register(token)
+        os.environ["HF_TOKEN"] = token
+        args.hub_token = None
 
 
 def _require_trainable(model: Any) -> None:

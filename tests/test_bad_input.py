@@ -7,6 +7,7 @@ text given to a reward) are recorded for that example instead, and the run goes 
 """
 
 import json
+import re
 import sys
 
 import pytest
@@ -48,6 +49,19 @@ def _files(tmp_path):
     (tmp_path / "long.jsonl").write_text(json.dumps({"question": long, "answer": "#### 401"}) + "\n")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
+    (tmp_path / "afile").write_text("not a directory")
+    (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    laughs = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    laughs += [f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi", strict=True)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(laughs) + "\n")  # 9**9 strings from ~600 bytes
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\nname: big\n")
+    (tmp_path / "hugeint.jsonl").write_text('{"question": "q", "answer": ' + "9" * 5000 + "}\n")
+    (tmp_path / "deep.jsonl").write_text('{"question": ' + "[" * 100000 + "]" * 100000 + ', "answer": "1"}\n')
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "adapter_config.json").write_text("{}")
+    (tmp_path / "runs" / "other-run").mkdir(parents=True)
+    (tmp_path / "runs" / "other-run" / "recipe.resolved.yaml").write_text("name: other\n")
 
 
 # (case, argv after `rlkit`, the one-line message: a substring of it)
@@ -106,6 +120,45 @@ MATRIX = [
                                             "trainer.vllm_mode=server"], "TRL cannot do from a 4-bit base"),
     ("missing trajectories", ["analyze", "{tmp}/nope.jsonl"], "{tmp}/nope.jsonl"),
     ("merge of a non-adapter", ["merge", "{tmp}/full", "--out", "{tmp}/merged"], "{tmp}/full"),
+    # Bounded inputs (issue 16): refused before anything is expanded or loaded.
+    ("non-UTF-8 recipe (validate)", ["recipes", "validate", "{tmp}/latin1.yaml"], None),
+    ("YAML alias bomb", ["train", "{tmp}/bomb.yaml", "--smoke"], "{tmp}/bomb.yaml: YAML aliases expand to more than"),
+    ("YAML nested too deeply", ["train", "{tmp}/deep.yaml"], "{tmp}/deep.yaml: nested too deeply"),
+    ("recipe over 1 MiB", ["train", "{tmp}/big.yaml"], "bytes; a recipe is at most 1048576 bytes"),
+    ("non-UTF-8 recipe (train)", ["train", "{tmp}/latin1.yaml"], "{tmp}/latin1.yaml: not UTF-8 text (byte 9"),
+    ("huge integer in JSONL", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/hugeint.jsonl}"],
+     "{tmp}/hugeint.jsonl: line 1: Exceeds the limit (4300 digits) for integer string conversion"),
+    ("JSONL nested too deeply", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/deep.jsonl}"],
+     "{tmp}/deep.jsonl: line 1 is nested too deeply"),
+    # Numerical garbage refused at load.
+    ("infinite learning rate", ["train", SFT, "--smoke", "--set", "trainer.learning_rate=.inf"],
+     "trainer.learning_rate: inf is not a finite number"),
+    ("NaN hyperparameter", ["train", GRPO, "--smoke", "--set", "trainer.beta=.nan"], "trainer.beta: nan is not a finite"),
+    ("overflowing reward weight", ["train", GRPO, "--smoke", "--set", "rewards=[{name: gsm8k_correct, weight: 1e999}]"],
+     "rewards.0.weight: inf is not a finite number"),
+    # Outputs rlkit must not delete or replace (the destructive matrix in test_destructive.py has the rest).
+    ("output dir is a file", ["train", SFT, "--smoke", "--output-dir", "{tmp}/afile"],
+     "--output-dir {tmp}/afile: exists and is not a directory"),
+    ("--overwrite a folder of the user's files", ["train", SFT, "--smoke", "--output-dir", "{tmp}/full", "--overwrite"],
+     "--output-dir {tmp}/full: holds files rlkit did not write (notes.txt)"),
+    ("--output-dir . --overwrite", ["train", SFT, "--smoke", "--output-dir", ".", "--overwrite"],
+     "--output-dir .: is the current directory or one of its parents"),
+    ("--set name=. (the run dir would be runs/)", ["train", SFT, "--set", "name=.", "--overwrite"],
+     "name '.': the run directory is runs/<name>, so the name must be a plain file name"),
+    ("--set name=.. (the run dir would be the cwd)", ["train", SFT, "--smoke", "--set", "name=..", "--overwrite"],
+     "name '..': the run directory is runs/<name>"),
+    ("--output-dir is the init_from run", ["train", GRPO, "--smoke", "--set", "init_from={tmp}/src",
+                                            "--output-dir", "{tmp}/src", "--overwrite"],
+     "--output-dir {tmp}/src: overlaps the input directory"),
+    ("pairs --overwrite a directory", ["pairs", recipes_dir() / "gsm8k_dpo.yaml", "--smoke", "--model",
+                                       "rlkit/tiny-qwen3", "--out", "{tmp}/full", "--overwrite"],
+     "--out {tmp}/full: is a directory"),
+    ("pairs --overwrite a foreign file", ["pairs", recipes_dir() / "gsm8k_dpo.yaml", "--smoke", "--model",
+                                          "rlkit/tiny-qwen3", "--out", "{tmp}/afile", "--overwrite"],
+     "--out {tmp}/afile: is not a file rlkit wrote"),
+    ("eval --out a foreign file", ["eval", SFT, "--smoke", "--out", "{tmp}/full/notes.txt"],
+     "--out {tmp}/full/notes.txt: is not a file rlkit wrote"),
+    ("rollout --resume without --out", ["rollout", AGENT, "--smoke", "--resume"], "--resume continues the trajectories"),
 ]
 
 
@@ -117,6 +170,9 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, argv, mess
     before = sorted(p.name for p in tmp_path.iterdir())
     code, err = run_cli(capsys, *[str(a).replace("{tmp}", str(tmp_path)) for a in argv])
     lines = [line for line in err.splitlines() if line.startswith("rlkit: error: ")]
+    if message is None:  # `recipes validate` reports each file on stdout and exits 2
+        assert code == 2 and "Traceback" not in err
+        return
     assert code == 2, err
     assert len(lines) == 1 and "Traceback" not in err and " ERROR " not in err
     assert message.replace("{tmp}", str(tmp_path)) in lines[0]
@@ -190,3 +246,75 @@ def test_every_registry_reward_takes_arbitrary_text(completions, gold):
                                       question_type=["inference_query"] * n)
         assert len(scores) == n, name
         assert all(s is None or (isinstance(s, float) and math.isfinite(s)) for s in scores), (name, scores)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numerical garbage during training, and user rewards that misbehave (issue 16)
+
+
+def test_a_nan_loss_stops_training_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    # A finite but absurd learning rate: step 1 logs a finite loss, its update blows the weights up.
+    code, err = run_cli(capsys, "train", SFT, "--smoke", "--output-dir", run, "--set", "trainer.learning_rate=1e30",
+                        "--set", "trainer.max_steps=4", "--set", "trainer.save_steps=1", "--set",
+                        "trainer.max_grad_norm=0")
+    lines = [line for line in err.splitlines() if line.startswith("rlkit: error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert re.search(r"step \d+: (loss|grad_norm) is (nan|inf); training stopped", lines[0]), lines[0]
+    step = int(lines[0].split("step ")[1].split(":")[0])
+    from rlkit import runs
+
+    kept = runs.checkpoints(run)
+    assert kept and runs._step_of(kept[-1]) == step - 1  # the checkpoint before the bad step
+    assert not (run / "adapter").exists()
+
+
+def _user_rewards(tmp_path, monkeypatch, body):
+    (tmp_path / "bad_rewards.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("bad_rewards", None)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("def f(completions, **kw):\n    raise KeyError('gold')\n", "reward bad_rewards:f: raised KeyError: 'gold'"),
+    ("def f(completions, **kw):\n    return [1.0]\n", "reward bad_rewards:f: returned 1 values for 2 completions"),
+    ("def f(completions, **kw):\n    return 1.0\n", "reward bad_rewards:f: returned 1.0 (a float); a reward returns a list"),
+    ("def f(completions, **kw):\n    return [0.5, 'high']\n",
+     "reward bad_rewards:f: returned 'high' (a str) for row 1 of the batch (prompt 'q2'); expected a float or None"),
+    ("def f(completions, **kw):\n    return [float('nan'), 1.0]\n",
+     "reward bad_rewards:f: returned nan for row 0 of the batch (prompt 'q1'); rewards must be finite"),
+])
+def test_user_reward_mistakes_name_the_function_row_and_value(tmp_path, monkeypatch, body, message):
+    from rlkit.errors import UserError
+    from rlkit.rewards import resolve_reward
+
+    _user_rewards(tmp_path, monkeypatch, body)
+    reward = resolve_reward("bad_rewards:f")
+    with pytest.raises(UserError) as e:
+        reward(prompts=[[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]],
+               completions=["a", "b"])
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_nan_reward_during_grpo_stops_the_run_naming_the_reward_and_step(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _user_rewards(tmp_path, monkeypatch, "def f(completions, trainer_state=None, **kw):\n"
+                                         "    bad = trainer_state is not None and trainer_state.global_step >= 1\n"
+                                         "    return [float('nan') if bad else 0.5 for _ in completions]\n")
+    import os
+    import subprocess
+
+    run = tmp_path / "run"
+    # Its own process: TRL's loggers keep handlers from earlier in-process tests.
+    done = subprocess.run([sys.executable, "-m", "rlkit", "train", str(GRPO), "--smoke", "--output-dir", str(run),
+                           "--set", "rewards=[{name: 'bad_rewards:f'}]", "--set", "trainer.save_steps=1"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    code, err = done.returncode, done.stderr
+    lines = [line for line in err.splitlines() if line.startswith("rlkit: error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "reward bad_rewards:f: returned nan for row 0 of the batch at step 1" in lines[0]
+    from rlkit import runs
+
+    assert [runs._step_of(c) for c in runs.checkpoints(run)] == [1]  # step 1's checkpoint is kept

@@ -35,3 +35,16 @@ def test_tool_calls_and_results_are_shown_as_they_happen():
     ])
     text = console.export_text()
     assert text.splitlines() == ['→ calculate({"expression": "6*7"})', "← calculate: 42", "model> #### 42"]
+
+
+def test_escape_codes_and_markup_from_models_and_tools_never_reach_the_terminal_raw():
+    from rlkit.chat import _show
+
+    console = Console(record=True, width=200, force_terminal=True)
+    _show(console, [
+        {"role": "assistant", "content": "\x1b]0;pwned\x07\x1b[2J[bold red]hi[/]"},
+        {"role": "tool", "name": "search", "content": "doc \x1b[31mred\x1b[0m"},
+    ])
+    raw = console.export_text(styles=False)
+    assert "\x1b" not in raw and "\x07" not in raw
+    assert raw.splitlines() == [r"model> \x1b]0;pwned\x07\x1b[2J[bold red]hi[/]", r"← search: doc \x1b[31mred\x1b[0m"]

@@ -61,7 +61,7 @@ def test_pairs_gap_filter_and_refusals(tmp_path):
                           overrides=["rewards=[{name: gsm8k_correct}]", "pairs.prompts={synthetic: 2, seed: 0}",
                                      "pairs.max_new_tokens=4"])
     assert summary["pairs"] == 0 and summary["tied_prompts"] == 2 and out.read_text() == ""
-    with pytest.raises(UserError, match="already exists; pass --overwrite"):
+    with pytest.raises(UserError, match="already exists; pass --resume to continue it or --overwrite"):
         build_pairs(DPO, "rlkit/tiny-qwen3", out, smoke=True)
     with pytest.raises(UserError, match="no `pairs:` section"):
         build_pairs(recipes_dir() / "gsm8k_grpo.yaml", "rlkit/tiny-qwen3", tmp_path / "other.jsonl", smoke=True)
@@ -76,4 +76,23 @@ def test_pairs_command_line(tmp_path):
     assert "pairs written to" in done.stdout and out.exists()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2
-    assert again.stderr.strip().splitlines() == [f"rlkit: error: {out}: already exists; pass --overwrite to replace it"]
+    assert again.stderr.strip().splitlines() == [f"rlkit: error: {out}: already exists; pass --resume to continue it or --overwrite to replace it"]
+
+
+def test_pairs_are_appended_and_resume_samples_only_prompts_without_a_pair(tmp_path, digit_share):
+    from rlkit.safety import read_records
+
+    out = tmp_path / "pairs.jsonl"
+    overrides = ["rewards=[{name: 'my_rewards:digit_share', weight: 2.0}]", "pairs.temperature=1.5",
+                 "pairs.prompts={synthetic: 6, seed: 5}"]
+    build_pairs(DPO, "rlkit/tiny-qwen3", out, samples=4, min_gap=0.02, limit=6, smoke=True, overrides=overrides,
+                show_progress=False)
+    lines = out.read_text().splitlines()
+    assert len(lines) >= 2
+    out.write_text(lines[0] + "\n" + lines[1][:50])  # killed while writing the second pair
+    again = build_pairs(DPO, "rlkit/tiny-qwen3", out, samples=4, min_gap=0.02, limit=6, smoke=True,
+                        overrides=overrides, show_progress=False, resume=True)
+    pairs = read_records(out)
+    assert again["prompts"] == 5 and again["pairs"] == len(pairs) >= 1
+    assert pairs[0] == json.loads(lines[0])  # the paid-for pair is kept as written
+    assert pairs[0]["prompt"] not in [p["prompt"] for p in pairs[1:]]  # and its prompt not sampled again

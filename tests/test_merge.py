@@ -117,12 +117,16 @@ def test_float32_merge_is_exact_and_overwrite_is_explicit(run_dir, adapter_befor
     (out / "old.txt").write_text("keep me")
     with pytest.raises(UserError, match="not empty; pass --overwrite"):
         merge(run_dir, out, dtype="float32", show_progress=False)
+    # --overwrite replaces only what rlkit wrote: a folder of the user's own files is refused.
+    with pytest.raises(UserError, match="holds files rlkit did not write"):
+        merge(run_dir, out, dtype="float32", overwrite=True, show_progress=False)
     assert [p.name for p in out.iterdir()] == ["old.txt"]
-    report = merge(run_dir, out, dtype="float32", overwrite=True, show_progress=False)
+    (out / "old.txt").unlink()
+    report = merge(run_dir, out, dtype="float32", show_progress=False)
     m = report["metrics"]
     assert m["max_abs_logit_diff"] <= 1e-4 and m["mean_kl"] <= 1e-10
     assert m["top1_agreement"] == 1.0 and m["greedy_match"] == 1.0
-    assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").is_file() and (out / ".rlkit-owned").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["fp32"]  # no temporary siblings left behind
 
 

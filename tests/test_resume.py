@@ -148,6 +148,8 @@ def test_sigterm_exits_143_and_sigkill_resumes_from_the_last_complete_checkpoint
     shutil.rmtree(half, ignore_errors=True)
     half.mkdir()
     (half / "adapter_config.json").write_text("{")
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 11, "lo')  # what SIGKILL or a full disk leaves mid-line
 
     res = subprocess.run([RLKIT, "train", str(SFT), "--smoke", "--output-dir", str(run_dir), "--set",
                           "trainer.max_steps=12", "--set", "trainer.save_steps=2", "--resume"],
@@ -159,3 +161,41 @@ def test_sigterm_exits_143_and_sigkill_resumes_from_the_last_complete_checkpoint
     assert sorted(steps(run_dir)) == list(range(1, 13))
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
     assert not half.exists() or (half / "rlkit-complete.json").is_file()
+
+
+def test_rotation_never_leaves_no_complete_checkpoint_and_no_token_reaches_a_file(tmp_path, monkeypatch):
+    from rlkit import runs
+
+    token = "hf_sEcReT0123456789"
+    run_dir = train(SFT, ["trainer.max_steps=3", "trainer.save_steps=1", "trainer.save_total_limit=1",
+                          f"trainer.hub_token={token}"], smoke=True, output_dir=tmp_path / "run")
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # train() moved the token there, for a push
+    # rlkit rotates after marking: the newest complete checkpoint alone is left.
+    assert [p.name for p in (run_dir / "checkpoints").glob("checkpoint-*")] == ["checkpoint-3"]
+    assert [runs._step_of(p) for p in runs.checkpoints(run_dir)] == [3]
+    args = torch.load(run_dir / "adapter" / "training_args.bin", weights_only=False)
+    assert args.hub_token is None and args.save_total_limit is None
+    leaked = [p for p in run_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert leaked == []
+    assert (run_dir / "checkpoints" / "checkpoint-3" / "training_args.bin").is_file()
+
+
+def test_rotation_waits_for_the_newer_checkpoint_to_be_complete(tmp_path):
+    from types import SimpleNamespace
+
+    from rlkit import runs
+
+    ckpts = tmp_path / "checkpoints"
+    for step in (1, 2):
+        (ckpts / f"checkpoint-{step}").mkdir(parents=True)
+    (ckpts / "checkpoint-1" / runs.COMPLETE).write_text("{}")
+    callback = runs.checkpoint_callback(keep=1)
+    args = SimpleNamespace(output_dir=str(ckpts))
+    # A save of step 2 whose directory vanished (killed mid-save): step 1 must stay.
+    shutil.rmtree(ckpts / "checkpoint-2")
+    state = SimpleNamespace(is_world_process_zero=True, global_step=2, max_steps=3, best_model_checkpoint=None)
+    callback.on_save(args, state, None)
+    assert [p.name for p in runs.checkpoints(tmp_path)] == ["checkpoint-1"]
+    (ckpts / "checkpoint-3").mkdir()
+    callback.on_save(args, SimpleNamespace(**{**vars(state), "global_step": 3}), None)
+    assert [p.name for p in runs.checkpoints(tmp_path)] == ["checkpoint-3"] and not (ckpts / "checkpoint-1").exists()

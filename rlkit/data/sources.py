@@ -71,6 +71,10 @@ def json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 value = json.loads(line.rstrip())
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno})") from None
+            except ValueError as e:  # an integer longer than Python converts (4300 digits by default)
+                raise UserError(f"{path}: line {number}: {str(e).split(';')[0]}") from None
+            except RecursionError:
+                raise UserError(f"{path}: line {number} is nested too deeply to read") from None
             if not isinstance(value, dict):
                 raise UserError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object")
             yield number, value

@@ -8,8 +8,10 @@ import difflib
 import functools
 import importlib
 import inspect
+import numbers
 import re
 from collections.abc import Callable
+from math import isfinite  # `math` here would be rlkit.rewards.math, the submodule
 
 from rlkit.errors import UserError
 from rlkit.rewards.math import answer_format, gsm8k_correct
@@ -38,15 +40,18 @@ def resolve_reward(name: str, args: dict | None = None) -> Callable[..., list[fl
         )
     if not callable(func):
         raise UserError(f"reward {name!r} is a {type(func).__name__}, not a function")
-    if not args:
-        return func
     if inspect.iscoroutinefunction(func):
-        raise UserError(
-            f"reward {name!r} is async, which rlkit cannot bind `args:` to; "
-            "read them inside the function instead"
-        )
-    _check_args(name, func, args)
-    return _WithArgs(func, name.rpartition(":")[2], args)
+        if args:
+            raise UserError(
+                f"reward {name!r} is async, which rlkit cannot bind `args:` to; "
+                "read them inside the function instead"
+            )
+        return func  # TRL awaits it itself; wrapping would hide that it is async
+    if args:
+        _check_args(name, func, args)
+        func = _WithArgs(func, name.rpartition(":")[2], args)
+    # rlkit's own rewards are tested pure functions; user code gets its answers checked.
+    return _Checked(func, name) if name not in REWARDS else func
 
 
 def _check_args(name: str, func: Callable, args: dict) -> None:
@@ -98,6 +103,66 @@ def _import(spec: str) -> object:
     return getattr(module, attribute)
 
 
+class _Checked:
+    """A reward whose every answer is checked: one finite number (or None) per completion.
+
+    A reward that raises, returns the wrong length or type, or a NaN/inf would otherwise surface deep
+    inside TRL (or, for NaN, train on garbage): this stops the run with one line naming the function, the
+    row and what it returned. Module-level so it pickles, like :class:`_WithArgs`.
+    """
+
+    def __init__(self, func: Callable[..., list[float]], spec: str) -> None:
+        functools.update_wrapper(self, func)
+        self.__name__ = self.__qualname__ = spec.rpartition(":")[2]
+        self.spec = spec
+
+    def __call__(self, *positional, **kwargs) -> list[float]:
+        completions = kwargs.get("completions") or []
+        try:
+            values = self.__wrapped__(*positional, **kwargs)
+        except Exception as e:  # the user's code: any error it raises is reported as a one-line UserError
+            if isinstance(e, UserError):
+                raise
+            raise UserError(f"reward {self.spec}: raised {type(e).__name__}: {e}{_where(kwargs, None)}") from e
+        if not isinstance(values, list | tuple) and not hasattr(values, "tolist"):
+            raise UserError(f"reward {self.spec}: returned {_show(values)} (a {type(values).__name__}); "
+                            f"a reward returns a list with one float per completion")
+        values = list(values.tolist() if hasattr(values, "tolist") else values)
+        if len(values) != len(completions):
+            raise UserError(f"reward {self.spec}: returned {len(values)} values for {len(completions)} completions"
+                            f"{_where(kwargs, None)}")
+        for i, v in enumerate(values):
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise UserError(f"reward {self.spec}: returned {_show(v)} (a {type(v).__name__}) "
+                                f"{_where(kwargs, i).lstrip()}; expected a float or None")
+            if not isfinite(v):
+                raise UserError(f"reward {self.spec}: returned {v} {_where(kwargs, i).lstrip()}; rewards must be "
+                                "finite (training stopped; the last complete checkpoint is kept)")
+        return values
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _where(kwargs: dict, row: int | None) -> str:
+    state = kwargs.get("trainer_state")
+    step = f" at step {state.global_step}" if getattr(state, "global_step", None) is not None else ""
+    if row is None:
+        return step
+    prompts = kwargs.get("prompts") or []
+    prompt = prompts[row] if row < len(prompts) else None
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        prompt = prompt[-1].get("content")
+    return f" for row {row} of the batch{step} (prompt {_show(prompt)})"
+
+
 class _WithArgs:
     """A reward with the recipe's ``args`` added to every call, named after the reward.
 
@@ -120,7 +185,7 @@ class _WithArgs:
 
 class RewardSet:
     """A recipe's weighted rewards, called TRL's way; for the places rlkit scores text itself
-    (PPO's rule-reward model, ``rlkit pairs``). ``None`` and non-finite values count as 0."""
+    (PPO's rule-reward model, ``rlkit pairs``). ``None`` counts as 0; non-finite values stop the run."""
 
     def __init__(self, specs: list) -> None:
         self.names = [spec.name.rpartition(":")[2] for spec in specs]
@@ -129,13 +194,11 @@ class RewardSet:
 
     def __call__(self, prompts: list, completions: list, **columns) -> tuple[list[float], dict[str, list[float]]]:
         """(weighted total per completion, {reward name: values})."""
-        import math
-
         total = [0.0] * len(completions)
         per_reward: dict[str, list[float]] = {}
         for name, func, weight in zip(self.names, self.funcs, self.weights, strict=True):
             raw = func(prompts=prompts, completions=completions, **columns)
-            values = [float(v) if v is not None and math.isfinite(v) else 0.0 for v in raw]
+            values = [float(v) if v is not None else 0.0 for v in raw]
             per_reward[name] = values
             total = [t + weight * v for t, v in zip(total, values, strict=True)]
         return total, per_reward
