@@ -90,14 +90,15 @@ def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
     if use_vllm and not cuda:
         raise UserError("trainer.use_vllm: vLLM needs a CUDA GPU and this machine has none; "
                         "set --set trainer.use_vllm=false (or use --smoke)")
-    if use_vllm and importlib.util.find_spec("vllm") is None:
-        raise UserError("trainer.use_vllm: vLLM is not installed; `pip install 'rlkit[gpu]'` or set use_vllm: false")
     if use_vllm:
         check_server_mode(recipe, backend)
     if use_vllm and backend == "hf" and (recipe.model.load_in_4bit or prequantized(recipe.model.name_or_path)):
-        # TRL's own vLLM weight sync cannot handle a 4-bit base (trl#4973).
-        raise UserError("trainer.use_vllm with model.load_in_4bit on the hf backend is not supported by TRL "
-                        "(trl#4973); use backend: unsloth, a 16-bit base, or use_vllm: false")
+        # TRL's own vLLM weight sync cannot handle a 4-bit base (trl#4973), nor a pre-quantized checkpoint.
+        raise UserError("trainer.use_vllm with a 4-bit base (model.load_in_4bit or a *-bnb-4bit checkpoint) on the "
+                        "hf backend is not supported by TRL (trl#4973); use backend: unsloth, a 16-bit base, or "
+                        "use_vllm: false")
+    if use_vllm and importlib.util.find_spec("vllm") is None:
+        raise UserError("trainer.use_vllm: vLLM is not installed; `pip install 'rlkit[gpu]'` or set use_vllm: false")
 
 
 def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, checkpoint: Path | None,

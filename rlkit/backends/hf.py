@@ -126,10 +126,14 @@ def loaded_base(model: Any) -> dict[str, Any]:
 
 
 def _jsonable_quantization(quant: dict[str, Any] | None) -> dict[str, Any] | None:
+    import json
+
     if quant is None:
         return None
-    return {k: (str(v).removeprefix("torch.") if "dtype" in k and v is not None else v)
-            for k, v in quant.items() if not k.startswith("_")}
+    # Enums (quant_method) and torch dtypes become their names: the run directory is plain YAML.
+    plain = {k: (str(v).removeprefix("torch.") if "dtype" in k and v is not None and not isinstance(v, str) else v)
+             for k, v in quant.items() if not k.startswith("_")}
+    return json.loads(json.dumps(plain, default=str))
 
 
 def load_tokenizer(name: str):
