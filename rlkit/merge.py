@@ -238,11 +238,32 @@ def load_base(spec: Any, mode: str, *, quantization: dict[str, Any] | None = Non
         # The same bitsandbytes config (recorded, or rlkit's nf4) and compute dtype as training.
         model, _ = hf.load(spec, quantization=quantization, device="cpu")
         model.dequantize(dtype=torch.float32)
-        return model.to(torch.float32)
+        return _plain(model.to(torch.float32))
     name = original if spec.load_in_4bit and original else spec.name_or_path
     model, _ = hf.load(spec.model_copy(update={"name_or_path": name, "load_in_4bit": False, "dtype": "float32"}),
                        device="cpu")
     return model
+
+
+def _plain(model: Any):
+    """The same weights in a model built from its config alone.
+
+    A model loaded from a pre-quantized checkpoint (Unsloth's ``*-bnb-4bit``) keeps the loader's weight
+    conversions after ``dequantize()``, and ``save_pretrained`` then fails trying to reverse them
+    (transformers 5: ``Bnb4bitDeserialize.reverse_op`` raises NotImplementedError).
+    """
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain
 
 
 def merge_adapter(model: Any, adapter: Path):

@@ -167,17 +167,25 @@ def test_vllm_gets_the_recipes_context_length():
 # --- 6. TRL's defaults whichever backend replaced the config class --------------------------------------
 
 def unsloth_like(base):
-    """A config class replaced the way Unsloth's generated ones are: a subclass whose __init__ has other
-    defaults and changes a batch size (unsloth/models/rl.py). Unsloth itself cannot be imported without a GPU."""
+    """A config class replaced the way Unsloth's generated ones are (unsloth/models/rl.py): a subclass whose
+    __init__ has other defaults and resets the batch size to num_generations when it does not divide
+    (first rule: the total batch; second, for TRLs without steps_per_generation: the per-device batch).
+    Unsloth itself cannot be imported without a GPU."""
 
     class Replaced(base):
         def __init__(self, *args, learning_rate=5e-5, seed=3407, weight_decay=0.001, beta=0.001, loss_type="bnpo",
-                     per_device_train_batch_size=4, num_generations=8, **kwargs):
-            if per_device_train_batch_size % num_generations:
+                     per_device_train_batch_size=4, num_generations=8, gradient_accumulation_steps=2,
+                     steps_per_generation=None, generation_batch_size=None, per_device_rule=False, **kwargs):
+            total = gradient_accumulation_steps * per_device_train_batch_size
+            if steps_per_generation is None and generation_batch_size is None and total % num_generations:
+                per_device_train_batch_size = num_generations
+            if per_device_rule and per_device_train_batch_size % num_generations:
                 per_device_train_batch_size = num_generations
             super().__init__(*args, learning_rate=learning_rate, seed=seed, weight_decay=weight_decay, beta=beta,
                              loss_type=loss_type, per_device_train_batch_size=per_device_train_batch_size,
-                             num_generations=num_generations, **kwargs)
+                             num_generations=num_generations, gradient_accumulation_steps=gradient_accumulation_steps,
+                             steps_per_generation=steps_per_generation, generation_batch_size=generation_batch_size,
+                             **kwargs)
 
     Replaced.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     return Replaced
@@ -206,12 +214,17 @@ def test_a_replaced_config_class_trains_with_trls_defaults_and_may_not_change_th
     trl = GRPOConfig(output_dir="/tmp/x", **asked)
     assert (config.learning_rate, config.seed, config.weight_decay, config.beta, config.loss_type) == \
         (trl.learning_rate, trl.seed, trl.weight_decay, trl.beta, trl.loss_type) == (1e-6, 42, 0.0, 0.0, "dapo")
+    assert config.gradient_accumulation_steps == trl.gradient_accumulation_steps == 1
     check_backend_changes(config, {"output_dir": "/tmp/x", **kwargs}, "unsloth")  # nothing changed: no error
-    odd = with_trl_defaults(Replaced, asked | {"per_device_train_batch_size": 12, "num_generations": 6,
-                                                "gradient_accumulation_steps": 2, "steps_per_generation": 1})
-    changed = Replaced(output_dir="/tmp/x", **odd | {"num_generations": 8})
-    with pytest.raises(UserError, match=r"unsloth backend changes the batch shape.*per_device_train_batch_size: 12 -> 8"):
-        check_backend_changes(changed, {"output_dir": "/tmp/x", **odd, "num_generations": 8}, "unsloth")
+    # A total batch that does not divide: TRL refuses it, the replaced class would train another batch size.
+    odd = with_trl_defaults(Replaced, asked | {"per_device_train_batch_size": 12})
+    with pytest.raises(UserError, match=r"GRPOConfig rejects these settings .*divisible by num_generations"):
+        check_backend_changes(Replaced(output_dir="/tmp/x", **odd), {"output_dir": "/tmp/x", **odd}, "unsloth")
+    # One TRL accepts (4 x 2 accumulation = 8 completions) but the per-device rule resets to 8.
+    fine = with_trl_defaults(Replaced, asked | {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2})
+    changed = Replaced(output_dir="/tmp/x", per_device_rule=True, **fine)
+    with pytest.raises(UserError, match=r"unsloth backend changes the batch shape.*per_device_train_batch_size: 4 -> 8"):
+        check_backend_changes(changed, {"output_dir": "/tmp/x", **fine}, "unsloth")
 
 
 # --- 8. vLLM rollouts: rank, context -----------------------------------------------------------------------
@@ -246,10 +259,11 @@ def test_an_overlong_conversation_ends_its_episode_alone(tiny_model_dir):
 def test_pre_ampere_gpus_train_in_fp16_unless_the_recipe_says():
     from rlkit.recipe import device_defaults
 
-    recipe = grpo()
+    recipe = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", validate_trainer=False)  # --smoke sets bf16 itself
     assert device_defaults(recipe, cuda=True, bf16_supported=False) == {"bf16": False, "fp16": True}
     assert device_defaults(recipe, cuda=True, bf16_supported=True) == {}
-    assert device_defaults(grpo("trainer.bf16=false"), cuda=True, bf16_supported=False) == {}
+    explicit = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["trainer.bf16=false"], validate_trainer=False)
+    assert device_defaults(explicit, cuda=True, bf16_supported=False) == {}
     assert device_defaults(recipe, cuda=False) == {"use_cpu": True, "bf16": False}
 
 
@@ -269,12 +283,14 @@ def test_a_bf16_value_models_score_head_is_float32_and_learns_at_ppo_learning_ra
     ids = tokenizer(["12 + 7 = 19"], return_tensors="pt")
     out = peft(**ids).logits  # bf16 hidden states into the float32 head, no autocast
     out.sum().backward()
+    step = 3e-6 * head.weight.grad.sign()
     before = head.weight.detach().clone()
     with torch.no_grad():
-        head.weight -= 3e-6 * head.weight.grad.sign()
-    assert (head.weight != before).float().mean().item() > 0.99  # every entry moved
-    rounded = before.to(torch.bfloat16)
-    assert torch.equal((rounded - 3e-6 * head.weight.grad.sign().to(torch.bfloat16)), rounded)  # bf16 would not
+        head.weight -= step
+    assert (head.weight != before).float().mean().item() == 1.0  # every entry moved
+    in_bf16 = before.to(torch.bfloat16)
+    moved_in_bf16 = (in_bf16 - step.to(torch.bfloat16) != in_bf16).float().mean().item()
+    assert moved_in_bf16 < 0.1  # a bf16 head would have kept (nearly) all of its weights
 
 
 # --- 13. odds and ends ------------------------------------------------------------------------------------

@@ -54,21 +54,29 @@ def with_trl_defaults(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**trl_defaults(cls), **kwargs}
 
 
-def backend_changes(config: Any, kwargs: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+def backend_changes(config: Any, kwargs: dict[str, Any], backend: str = "current") -> dict[str, tuple[Any, Any]]:
     """``{field: (TRL's value, the backend's value)}`` where ``config`` (built from ``kwargs`` by a
-    backend's class) differs from what TRL's own class builds from the same ``kwargs``."""
+    backend's class) differs from what TRL's own class builds from the same ``kwargs``.
+
+    Settings TRL's class rejects are a UserError: the backend's class accepted them only by changing them
+    (Unsloth resets a batch that ``num_generations`` does not divide to ``num_generations``).
+    """
     cls = type(config)
     base = trl_class(cls)
     if base is cls:
         return {}
-    reference = base(**kwargs).to_dict()
+    try:
+        reference = base(**kwargs).to_dict()
+    except (ValueError, TypeError) as e:
+        raise UserError(f"trainer: {base.__name__} rejects these settings ({str(e).splitlines()[0]}); the {backend} "
+                        "backend would silently train with others instead") from None
     ours = config.to_dict()
     return {k: (v, ours.get(k)) for k, v in reference.items() if ours.get(k) != v}
 
 
 def check_backend_changes(config: Any, kwargs: dict[str, Any], backend: str) -> None:
     """Refuse a changed batch shape, log any other change the backend's config class made."""
-    changes = backend_changes(config, kwargs)
+    changes = backend_changes(config, kwargs, backend)
     shape = {k: v for k, v in changes.items() if k in BATCH_FIELDS}
     if shape:
         said = "; ".join(f"trainer.{k}: {a!r} -> {b!r}" for k, (a, b) in shape.items())
