@@ -216,6 +216,7 @@ def test_a_replaced_config_class_trains_with_trls_defaults_and_may_not_change_th
         (trl.learning_rate, trl.seed, trl.weight_decay, trl.beta, trl.loss_type) == (1e-6, 42, 0.0, 0.0, "dapo")
     assert config.gradient_accumulation_steps == trl.gradient_accumulation_steps == 1
     check_backend_changes(config, {"output_dir": "/tmp/x", **kwargs}, "unsloth")  # nothing changed: no error
+    assert "dataset_num_proc" not in kwargs  # how, not what, is computed: left to the backend
     # A total batch that does not divide: TRL refuses it, the replaced class would train another batch size.
     odd = with_trl_defaults(Replaced, asked | {"per_device_train_batch_size": 12})
     with pytest.raises(UserError, match=r"GRPOConfig rejects these settings .*divisible by num_generations"):

@@ -26,6 +26,17 @@ BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "n
                 "generation_batch_size", "steps_per_generation", "num_train_epochs", "max_steps")
 
 
+# Fields whose value changes how, not what, is computed: the backend keeps its own choice. (SFT's
+# "chunked_nll" is "nll" computed in chunks, which would bypass Unsloth's fused loss kernel.)
+IMPLEMENTATION_FIELDS = {"dataset_num_proc", "torch_empty_cache_steps", "dataloader_pin_memory",
+                         "logging_nan_inf_filter", "include_tokens_per_second"}
+_IMPLEMENTATION_BY_CLASS = {"SFTConfig": {"loss_type"}}
+
+
+def implementation_fields(cls: type) -> set[str]:
+    return IMPLEMENTATION_FIELDS | _IMPLEMENTATION_BY_CLASS.get(trl_class(cls).__name__, set())
+
+
 def trl_class(cls: type) -> type:
     """TRL's own config class behind ``cls`` (``cls`` itself unless a backend replaced it)."""
     for klass in cls.__mro__:
@@ -51,7 +62,8 @@ def with_trl_defaults(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` plus TRL's default for every field left unset, when ``cls`` is not TRL's own class."""
     if trl_class(cls) is cls:
         return kwargs
-    return {**trl_defaults(cls), **kwargs}
+    skip = implementation_fields(cls)
+    return {**{k: v for k, v in trl_defaults(cls).items() if k not in skip}, **kwargs}
 
 
 def backend_changes(config: Any, kwargs: dict[str, Any], backend: str = "current") -> dict[str, tuple[Any, Any]]:
@@ -71,7 +83,8 @@ def backend_changes(config: Any, kwargs: dict[str, Any], backend: str = "current
         raise UserError(f"trainer: {base.__name__} rejects these settings ({str(e).splitlines()[0]}); the {backend} "
                         "backend would silently train with others instead") from None
     ours = config.to_dict()
-    return {k: (v, ours.get(k)) for k, v in reference.items() if ours.get(k) != v}
+    skip = implementation_fields(cls)
+    return {k: (v, ours.get(k)) for k, v in reference.items() if ours.get(k) != v and k not in skip}
 
 
 def check_backend_changes(config: Any, kwargs: dict[str, Any], backend: str) -> None:
