@@ -264,8 +264,10 @@ def load_recipe(
         data, smoke_changes = apply_smoke(data)
     data = apply_overrides(data, overrides or [])
     recipe = validate(data, source=str(path))
-    # No backend is chosen here: only `rlkit train` imports Unsloth (rlkit.backends.choose), so eval,
-    # chat, index, validate and the launcher's parent never pay for it nor fail on it.
+    # The request is checked (unsloth cannot train ppo), but no backend is chosen here: only `rlkit train`
+    # imports Unsloth (rlkit.backends.choose), so eval, chat, index, validate and the launcher's parent
+    # never pay for it nor fail on it.
+    backend_request(recipe)
     if validate_trainer:
         trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(path))
     recipe._smoke_changes = smoke_changes
