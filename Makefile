@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.installed
 # Offline by default for tests and the demo: nothing here downloads models or data.
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 UNSLOTH_DISABLE_CPU_FALLBACK=1 WANDB_MODE=offline
 SMOKE ?=
+# The torch `make install` puts into a venv that has none (pyproject.toml allows a range).
+TORCH ?= 2.13.0
 SMOKE_FLAG := $(if $(SMOKE),--smoke,)
 SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
 HOTPOTQA ?= ../shared/data/hotpotqa_closed
@@ -18,6 +20,10 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, and only where none is installed: an explicit version takes the CPU wheel
+	# (or one on disk) where the range in pyproject.toml would make pip fetch a multi-GB CUDA build,
+	# and a user's own (CUDA) torch is left alone.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==$(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 

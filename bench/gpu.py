@@ -1,160 +1,224 @@
-"""GRPO on a GPU: time per step, generated tokens/s and peak GPU memory for each backend rlkit offers.
+"""The GPU check: GRPO and SFT step time, tokens/s and peak GPU memory per backend, and `rlkit merge` on CUDA.
 
-No downloads: the models are random-initialised Qwen3s with the layer sizes of Qwen3-0.6B and Qwen3-1.7B
-(from their public configs), built from `transformers.Qwen3Config`, with rlkit's tiny tokenizer (its
-1024-token vocabulary, so the embedding and LM head are far smaller than the real models'; the
-transformer body, where the time goes, is the real size). A random model writes random tokens, so
-every completion runs to `max_completion_length`: the throughput is that of full-length generation.
+Runs from a checkout on a bare CUDA machine (no install of rlkit, no network): the script puts the
+checkout on `sys.path`. What a case needs beyond torch + transformers + peft + accelerate is checked
+first, and a case that cannot run is a row saying why ("skipped: bitsandbytes not installed"). Bring
+the missing wheels with `bench/gpu_wheels.py` (README, "GPU check").
 
-Cases, each a fresh process (Unsloth must be imported before trl/transformers/peft, and each peak
-memory figure is then that case's alone), each built by rlkit itself (`rlkit.train.build_trainer`
-on a recipe):
+No downloads: the models are random-initialised Qwen3s built from the public Qwen/Qwen3-0.6B and
+Qwen/Qwen3-1.7B configs (written out below) with rlkit's tiny tokenizer, so the vocabulary is 1024
+tokens instead of 151936: the transformer body, where the time goes, is the real size; the embedding
+and LM head are far smaller (the parameter count is in every row). A random model writes random tokens,
+so every GRPO completion runs to `max_completion_length`: the throughput is full-length generation.
 
-- `hf-bf16-lora`: transformers + peft, bf16 base, LoRA, HF `generate`
-- `hf-qlora-nf4`: bitsandbytes nf4 (double quant) base, LoRA, HF `generate`
-- `unsloth-qlora`: Unsloth 4-bit, Unsloth's LoRA, HF `generate` (only where unsloth imports)
-- `hf-bf16-lora-vllm`: TRL's colocated vLLM (only where vllm is installed; TRL cannot sync a 4-bit base)
-- `unsloth-qlora-vllm`: Unsloth's own colocated vLLM engine, `fast_inference` (only with unsloth and vllm)
+Cases (`--case`, repeatable; default all), each at each size (`--size`, default both):
 
-Per case: `STEPS` GRPO steps; the first is a warm-up and is not counted. Step time is the median of the
-rest; generated tokens/s is the tokens the policy generated divided by the time TRL spent in its
-generation call (TRL's profiling timers); peak memory is `torch.cuda.max_memory_allocated` (PyTorch
-allocations, vLLM's KV cache included when vLLM allocates it through PyTorch) and the device's memory
-in use at the end (`torch.cuda.mem_get_info`, every allocator).
+    grpo-hf-bf16-lora        transformers + peft, bf16 base, LoRA, HF generate
+    grpo-hf-qlora-nf4        bitsandbytes nf4 (double quant) base, LoRA, HF generate
+    grpo-unsloth-qlora       Unsloth 4-bit, Unsloth's LoRA, HF generate
+    grpo-hf-bf16-lora-vllm   TRL's colocated vLLM (TRL cannot sync a 4-bit base)
+    grpo-unsloth-qlora-vllm  Unsloth's colocated vLLM engine (fast_inference)
+    sft-hf-bf16-lora, sft-hf-qlora-nf4, sft-unsloth-qlora
+    merge-hf-qlora-nf4       a few QLoRA SFT steps, then `rlkit merge` on CUDA with its fidelity report
 
-    python bench/gpu.py                 # on a CUDA machine, with `pip install -e ".[gpu]"` for unsloth and vLLM
+Each case runs in a fresh process (Unsloth must be imported before trl/transformers/peft, and each peak
+memory figure is then that case's alone), built by rlkit itself (`rlkit.train.build_trainer` on a
+recipe). Step time is the median of the steps after the first (a warm-up); GRPO tokens/s are the
+tokens generated divided by the time TRL spent in its generation call (TRL's profiling timers), SFT
+tokens/s the tokens trained on per second; peak memory is `torch.cuda.max_memory_allocated`.
+
+Results are written as each case finishes: one JSON line per case appended to `OUT/gpu.jsonl`, and
+`OUT/gpu.md` (a table of the latest row per size and case) rewritten after each, so a run that is
+killed keeps what it finished. Run a case per call where calls are time-limited:
+
+    python bench/gpu.py --dry-run                       # the plan: what would run, what is skipped and why
+    python bench/gpu.py --case grpo-hf-qlora-nf4 --size 0.6b
+    python bench/gpu.py                                 # everything (tens of minutes)
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from common import PYTHON, ROOT, figure, median, offline_env, table, write
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path[:0] = [str(ROOT), str(BENCH)]  # rlkit and bench/common from the checkout, installed or not
 
+from common import markdown, median, table  # noqa: E402  (after the path is set)
+
+RESULTS = BENCH / "results"
 STEPS = 6
 PROMPTS_PER_STEP = 2
 NUM_GENERATIONS = 8
 MAX_COMPLETION_LENGTH = 256
+SFT_BATCH = 8
+MERGE_STEPS = 3
 LORA_R = 16
-TIMEOUT_S = 1800
-# Layer sizes from the public Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B config.json files.
+TIMEOUT_S = 540  # under a 600 s call limit, with room to write the row
+# The public config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B (architecture fields).
+QWEN3 = dict(vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
+             hidden_act="silu", attention_bias=False, attention_dropout=0.0, tie_word_embeddings=True)
 SIZES = {
-    "qwen3-0.6b-sized": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                             intermediate_size=3072, head_dim=128, tie_word_embeddings=True),
-    "qwen3-1.7b-sized": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                             intermediate_size=6144, head_dim=128, tie_word_embeddings=True),
+    "0.6b": dict(QWEN3, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                 intermediate_size=3072, head_dim=128),
+    "1.7b": dict(QWEN3, hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                 intermediate_size=6144, head_dim=128),
 }
-# case -> (backend, 4-bit base, colocated vLLM generation)
+# case -> (algorithm, backend, 4-bit base, colocated vLLM)
 CASES = {
-    "hf-bf16-lora": ("hf", False, False),
-    "hf-qlora-nf4": ("hf", True, False),
-    "unsloth-qlora": ("unsloth", True, False),
-    "hf-bf16-lora-vllm": ("hf", False, True),
-    "unsloth-qlora-vllm": ("unsloth", True, True),
+    "grpo-hf-bf16-lora": ("grpo", "hf", False, False),
+    "grpo-hf-qlora-nf4": ("grpo", "hf", True, False),
+    "grpo-unsloth-qlora": ("grpo", "unsloth", True, False),
+    "grpo-hf-bf16-lora-vllm": ("grpo", "hf", False, True),
+    "grpo-unsloth-qlora-vllm": ("grpo", "unsloth", True, True),
+    "sft-hf-bf16-lora": ("sft", "hf", False, False),
+    "sft-hf-qlora-nf4": ("sft", "hf", True, False),
+    "sft-unsloth-qlora": ("sft", "unsloth", True, False),
+    "merge-hf-qlora-nf4": ("merge", "hf", True, False),
 }
+# Importable module -> the distribution to bring (for the "not installed" row).
+BASE_NEEDS = {"torch": "torch", "transformers": "transformers", "peft": "peft", "accelerate": "accelerate",
+              "trl": "trl", "datasets": "datasets", "pydantic": "pydantic", "yaml": "pyyaml", "rich": "rich"}
 _RESULT = "BENCH_RESULT "
 
 
-def unavailable(case: str) -> str | None:
-    """Why `case` cannot run on this machine, or None."""
-    backend, _, vllm = CASES[case]
-    if backend == "unsloth" and importlib.util.find_spec("unsloth") is None:
-        return "unsloth is not installed"
-    if vllm and importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed"
+def needs(case: str) -> dict[str, str]:
+    """Modules the case imports, beyond the standard library."""
+    _, backend, four_bit, vllm = CASES[case]
+    out = dict(BASE_NEEDS)
+    if four_bit:
+        out["bitsandbytes"] = "bitsandbytes"
+    if backend == "unsloth":
+        out.update(unsloth="unsloth", unsloth_zoo="unsloth_zoo")
+    if vllm:
+        out["vllm"] = "vllm"
+    return out
+
+
+def skip_reason(case: str, cuda: bool) -> str | None:
+    """Why `case` cannot run here (the first missing package, else no GPU), or None."""
+    missing = [dist for module, dist in needs(case).items() if importlib.util.find_spec(module) is None]
+    if missing:
+        why = f"skipped: {', '.join(missing)} not installed"
+        # vLLM (~300 MiB of wheels plus its CUDA libraries) cannot be carried to a bare machine.
+        return why + (" (vLLM is too large to carry)" if "vllm" in missing else "")
+    if not cuda:
+        return "skipped: no CUDA GPU"
     return None
 
 
-def build_model(size: str, directory: Path) -> int:
-    """A random Qwen3 of `size` with rlkit's tiny tokenizer, saved in bf16; returns its parameter count."""
+def cuda_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------------
+# Child processes: build a model, run one case
+
+
+def build_model(size: str, directory: Path) -> None:
+    """A random Qwen3 of `size` with rlkit's tiny tokenizer, saved in bf16."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from rlkit.tiny import VOCAB_SIZE, tiny_model_path
+    from rlkit.tiny import tiny_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path("tiny"))
-    if len(tokenizer) != VOCAB_SIZE:
-        raise SystemExit(f"the tiny tokenizer has {len(tokenizer)} tokens, the model would have {VOCAB_SIZE}")
-    config = Qwen3Config(vocab_size=VOCAB_SIZE, max_position_embeddings=40960, rope_theta=1_000_000, rms_norm_eps=1e-6,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None, **SIZES[size])
+    config = Qwen3Config(**{**SIZES[size], "vocab_size": len(tokenizer)}, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     torch.manual_seed(0)
     with torch.device("cuda"):  # initialising 1.7B parameters on the CPU takes minutes
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    parameters = sum(p.numel() for p in model.parameters())
-    del model
-    torch.cuda.empty_cache()
-    return parameters
+    (directory / "parameters.json").write_text(json.dumps(sum(p.numel() for p in model.parameters())))
 
 
 def recipe(case: str, model_dir: Path) -> dict[str, Any]:
-    backend, four_bit, vllm = CASES[case]
-    trainer: dict[str, Any] = {
-        "max_steps": STEPS, "learning_rate": 5e-6, "num_generations": NUM_GENERATIONS,
-        "per_device_train_batch_size": PROMPTS_PER_STEP * NUM_GENERATIONS, "gradient_accumulation_steps": 1,
-        "max_completion_length": MAX_COMPLETION_LENGTH, "temperature": 1.0, "bf16": True,
-        "gradient_checkpointing": True, "logging_steps": 1, "save_strategy": "no", "report_to": "none", "seed": 0,
-        "use_vllm": vllm,
-    }
-    if vllm and backend == "hf":
-        trainer.update(vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_max_model_length=1024)
-    return {
-        "name": f"bench_gpu_{case}", "algorithm": "grpo",
-        "model": {"name_or_path": str(model_dir), "backend": backend, "load_in_4bit": four_bit, "dtype": "bfloat16",
-                  "max_seq_length": 1024, "gpu_memory_utilization": 0.3},
-        "lora": {"r": LORA_R, "alpha": 2 * LORA_R, "target_modules": "all-linear"},
-        "data": {"task": "gsm8k", "train": {"synthetic": 4 * STEPS * PROMPTS_PER_STEP, "seed": 0}},
-        "rewards": [{"name": "gsm8k_correct", "weight": 1.0}, {"name": "answer_format", "weight": 0.2}],
-        "trainer": trainer,
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# One case (child process)
+    algorithm, backend, four_bit, vllm = CASES[case]
+    model = {"name_or_path": str(model_dir), "backend": backend, "load_in_4bit": four_bit, "dtype": "bfloat16",
+             "max_seq_length": 1024, "gpu_memory_utilization": 0.3}
+    common = {"learning_rate": 5e-6, "bf16": True, "gradient_checkpointing": True, "logging_steps": 1,
+              "save_strategy": "no", "report_to": "none", "seed": 0}
+    lora = {"r": LORA_R, "alpha": 2 * LORA_R, "target_modules": "all-linear"}
+    if algorithm == "grpo":
+        trainer = {**common, "max_steps": STEPS, "num_generations": NUM_GENERATIONS,
+                   "per_device_train_batch_size": PROMPTS_PER_STEP * NUM_GENERATIONS, "gradient_accumulation_steps": 1,
+                   "max_completion_length": MAX_COMPLETION_LENGTH, "temperature": 1.0, "use_vllm": vllm}
+        if vllm and backend == "hf":
+            trainer.update(vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+        return {"name": f"bench_gpu_{case}", "algorithm": "grpo", "model": model, "lora": lora,
+                "data": {"task": "gsm8k", "train": {"synthetic": 4 * STEPS * PROMPTS_PER_STEP, "seed": 0}},
+                "rewards": [{"name": "gsm8k_correct", "weight": 1.0}, {"name": "answer_format", "weight": 0.2}],
+                "trainer": trainer}
+    steps = MERGE_STEPS if algorithm == "merge" else STEPS
+    trainer = {**common, "max_steps": steps, "per_device_train_batch_size": SFT_BATCH, "max_length": 512,
+               "include_num_input_tokens_seen": "non_padding"}
+    if algorithm == "merge":
+        trainer["learning_rate"] = 2e-3  # an adapter that changes the logits visibly, so the check means something
+    return {"name": f"bench_gpu_{case}", "algorithm": "sft", "model": model, "lora": lora,
+            "data": {"task": "gsm8k", "train": {"synthetic": 2 * steps * SFT_BATCH, "seed": 0}}, "trainer": trainer}
 
 
 def child(case: str, model_dir: Path, run_dir: Path) -> None:
     from rlkit import backends
 
-    backends.choose(CASES[case][0])  # Unsloth, where it is the backend, is imported before trl & co.
+    backends.choose(CASES[case][1])  # Unsloth, where it is the backend, is imported before trl & co.
     import torch
     from transformers import TrainerCallback
-    from trl.extras import profiling
 
     from rlkit.recipe import validate
     from rlkit.train import build_trainer
 
-    state: dict[str, Any] = {"step": 0, "started": 0.0, "steps": [], "lengths": {}}
-    # TRL times its generation call (and rewards, weight syncs) with ProfilingContext but reports the timings
-    # only to W&B/MLflow/Trackio; keep them here, by step, as well.
+    algorithm = CASES[case][0]
+    cuda = torch.cuda.is_available()  # the CPU test runs the training cases on the tiny model
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def peak_gib() -> float | None:
+        return torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+
+    state: dict[str, Any] = {"step": 0, "started": 0.0, "steps": [], "lengths": {}, "tokens": []}
     timers: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    original = profiling.ProfilingContext._log_metrics
+    if algorithm == "grpo":
+        from trl.extras import profiling
 
-    def keep(self, duration: float) -> None:
-        timers[self.name].append((state["step"], duration))
-        original(self, duration)
+        # TRL times its generation call with ProfilingContext but reports the timings only to W&B/MLflow/
+        # Trackio; keep them here, by step, as well.
+        original = profiling.ProfilingContext._log_metrics
 
-    profiling.ProfilingContext._log_metrics = keep
+        def keep(self, duration: float) -> None:
+            timers[self.name].append((state["step"], duration))
+            original(self, duration)
+
+        profiling.ProfilingContext._log_metrics = keep
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, s, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             state["step"], state["started"] = s.global_step + 1, time.perf_counter()
 
         def on_step_end(self, args, s, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             state["steps"].append(time.perf_counter() - state["started"])
+            state["tokens"].append(s.num_input_tokens_seen)
 
         def on_log(self, args, s, control, logs=None, **kwargs):
             if logs and "completions/mean_length" in logs:
@@ -162,105 +226,166 @@ def child(case: str, model_dir: Path, run_dir: Path) -> None:
 
     spec = validate(recipe(case, model_dir), source=f"bench/gpu.py {case}")
     run_dir.mkdir(parents=True)  # what `rlkit train` does before building the trainer
-    trainer, _ = build_trainer(spec, run_dir)
+    trainer, tokenizer = build_trainer(spec, run_dir)
     trainer.add_callback(StepTimer())
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    free, total = torch.cuda.mem_get_info()
+    timed = state["steps"][1:]
+    result: dict[str, Any] = {"step_seconds": median(timed), "all_step_seconds": state["steps"],
+                              "peak_allocated_gib": peak_gib()}
+    if algorithm == "grpo":
+        generation = {name: t for name, t in timers.items() if "generate" in name}
+        counted = range(2, STEPS + 1)  # step 1 is the warm-up
+        gen_seconds = sum(d for t in generation.values() for step, d in t if step in counted)
+        completions = trainer.args.generation_batch_size
+        tokens = sum(state["lengths"].get(step, 0.0) * completions for step in counted)
+        result.update(tokens_per_second=tokens / gen_seconds if gen_seconds else None,
+                      tokens_measure="generated", generation_timer=sorted(generation),
+                      completions_per_step=completions)
+    else:
+        seen = state["tokens"]
+        trained = seen[-1] - seen[0] if len(seen) > 1 else 0
+        result.update(tokens_per_second=trained / sum(timed) if timed and trained else None, tokens_measure="trained")
+    if algorithm == "merge":
+        from rlkit.merge import merge
+        from rlkit.train import _save_adapter
 
-    generation = {name: t for name, t in timers.items() if "generate" in name}
-    counted = range(2, STEPS + 1)  # step 1 is the warm-up
-    gen_seconds = sum(d for t in generation.values() for step, d in t if step in counted)
-    completions = trainer.args.generation_batch_size
-    tokens = sum(state["lengths"].get(step, 0.0) * completions for step in counted)
-    result = {
-        "case": case, "step_seconds": median(state["steps"][1:]), "all_step_seconds": state["steps"],
-        "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
-        "generation_timer": sorted(generation), "generation_seconds_per_step": gen_seconds / len(counted),
-        "completions_per_step": completions, "mean_completion_length": tokens / completions / len(counted),
-        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "device_in_use_gib": (total - free) / 2**30, "gpu": torch.cuda.get_device_name(),
-    }
+        _save_adapter(trainer, tokenizer, run_dir / "adapter")
+        del trainer
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        report = merge(run_dir, run_dir.parent / "merged", show_progress=False)
+        m = report["metrics"]
+        keys = ("max_abs_logit_diff", "mean_abs_logit_diff", "top1_agreement", "mean_kl", "greedy_match",
+                "adapter_effect_max_abs_logit")
+        result = {"merge_seconds": report["seconds"]["total"], "peak_allocated_gib": peak_gib(),
+                  **{k: m[k] for k in keys}, "base_mode": report["base_mode"], "dtype": report["dtype"]}
+    result["gpu"] = torch.cuda.get_device_name() if cuda else None
     print(_RESULT + json.dumps(result), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
-# All cases (parent process)
+# The parent: plan, spawn, write as each case finishes
 
 
-def spawn(case: str, model_dir: Path, run_dir: Path) -> dict[str, Any]:
+def spawn(args: list[str], timeout: float) -> tuple[dict[str, Any] | None, str | None]:
+    """(result, None) or (None, error) from a child process."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+           "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1"}
     try:
-        done = subprocess.run([PYTHON, __file__, "--child", case, str(model_dir), str(run_dir)], cwd=ROOT,
-                              env=offline_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"case": case, "error": f"timed out after {TIMEOUT_S}s"}
+        return None, f"timed out after {timeout:.0f}s"
     lines = [line for line in done.stdout.splitlines() if line.startswith(_RESULT)]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+    if done.returncode != 0 or (args[0] == "--child" and not lines):
         sys.stderr.write(done.stderr[-4000:])
-        return {"case": case, "error": f"exit {done.returncode}: {tail[0][:300]}"}
-    return json.loads(lines[-1].removeprefix(_RESULT))
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return None, f"exit {done.returncode}: {tail[0][:300]}"
+    return (json.loads(lines[-1].removeprefix(_RESULT)) if lines else {}), None
 
 
-def main() -> None:
-    import torch
+def record(out: Path, row: dict[str, Any]) -> None:
+    """Append ``row`` to gpu.jsonl and rewrite gpu.md from every row so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "gpu.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    rows = [json.loads(line) for line in (out / "gpu.jsonl").read_text().splitlines() if line.strip()]
+    (out / "gpu.md").write_text(render(rows))
 
-    if not torch.cuda.is_available():
-        print("bench/gpu.py: no CUDA GPU on this machine, nothing measured (run it where `torch.cuda.is_available()`)")
-        return
-    results: dict[str, list[dict[str, Any]]] = {}
-    parameters: dict[str, int] = {}
-    skipped = {case: why for case in CASES if (why := unavailable(case))}
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The latest row per (size, case), as Markdown."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        latest[(row["size"], row["case"])] = row
+    order = {c: i for i, c in enumerate(CASES)}
+    ordered = sorted(latest.values(), key=lambda r: (r["size"], order.get(r["case"], 99)))
+
+    def num(row: dict[str, Any], key: str, digits: int) -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    train_rows = [[r["size"], r["case"], r.get("parameters_m", "-"), num(r, "step_seconds", 2),
+                   num(r, "tokens_per_second", 0), r.get("tokens_measure", "-"), num(r, "peak_allocated_gib", 2),
+                   r.get("status", "")] for r in ordered if not r["case"].startswith("merge")]
+    merge_rows = [[r["size"], r["case"], num(r, "merge_seconds", 1), num(r, "peak_allocated_gib", 2),
+                   num(r, "max_abs_logit_diff", 4), num(r, "top1_agreement", 4), num(r, "greedy_match", 2),
+                   num(r, "adapter_effect_max_abs_logit", 3), r.get("status", "")]
+                  for r in ordered if r["case"].startswith("merge")]
+    gpus = sorted({r["gpu"] for r in ordered if r.get("gpu")})
+    parts = ["# GPU check (`bench/gpu.py`)",
+             f"GPU: {', '.join(gpus) if gpus else 'none: no case has run on a GPU'}. Latest row per size and case "
+             "from `gpu.jsonl`; `status` says why a case did not run.",
+             f"## Training: {STEPS - 1} timed steps after a warm-up",
+             f"GRPO: {PROMPTS_PER_STEP} prompts x {NUM_GENERATIONS} generations of {MAX_COMPLETION_LENGTH} tokens "
+             f"per step; SFT: {SFT_BATCH} rows per step; LoRA r={LORA_R}; random-initialised Qwen3 bodies, "
+             "1024-token vocabulary.",
+             markdown(table("training", ["size", "case", "params (M)", "step s (median)", "tokens/s", "tokens",
+                                         "peak GiB", "status"], train_rows)),
+             f"## `rlkit merge` on CUDA after {MERGE_STEPS} QLoRA SFT steps (faithful merge, bf16)",
+             markdown(table("merge", ["size", "case", "seconds", "peak GiB", "max |Δlogits|", "top-1 agreement",
+                                      "greedy match", "adapter effect", "status"], merge_rows)),
+             "Reproduce: `python bench/gpu.py [--case CASE] [--size SIZE]` (see its --help)."]
+    return "\n\n".join(parts) + "\n"
+
+
+def plan(cases: list[str], sizes: list[str], cuda: bool) -> list[tuple[str, str, str | None]]:
+    return [(size, case, skip_reason(case, cuda)) for size in sizes for case in cases]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/gpu.py", description=__doc__.split("\n\n")[0],
+                                     epilog="Cases: " + ", ".join(CASES) + ". Results: OUT/gpu.jsonl, OUT/gpu.md.")
+    parser.add_argument("--case", action="append", choices=list(CASES), help="run this case (repeatable; default all)")
+    parser.add_argument("--size", action="append", choices=list(SIZES), help="at this size (repeatable; default all)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where gpu.jsonl and gpu.md go (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per case (default %(default)s)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan and record the cases that cannot run here; run nothing")
+    args = parser.parse_args(argv)
+    cases, sizes = args.case or list(CASES), args.size or list(SIZES)
+    cuda = cuda_available()
+    steps = plan(cases, sizes, cuda)
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    print(f"GPU check: {len(steps)} case(s); CUDA {'available' if cuda else 'not available'}")
+    for size, case, why in steps:
+        print(f"  {size:5} {case:24} {why or 'will run'}")
+    models: dict[str, tuple[Path, int]] = {}
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-gpu-") as tmp:
-        for size in SIZES:
-            model_dir = Path(tmp) / size
-            parameters[size] = build_model(size, model_dir)
-            results[size] = []
-            for case in CASES:
-                if case in skipped:
-                    continue
-                run_dir = Path(tmp) / f"run-{size}-{case}"
-                results[size].append(spawn(case, model_dir, run_dir))
-                shutil.rmtree(run_dir, ignore_errors=True)
-                print(f"{size} {case}: {results[size][-1]}", flush=True)
-            shutil.rmtree(model_dir)
-    gpu = next((r["gpu"] for cases in results.values() for r in cases if "gpu" in r), torch.cuda.get_device_name())
-    report(results, parameters, skipped, gpu)
-
-
-def report(results: dict[str, list[dict[str, Any]]], parameters: dict[str, int], skipped: dict[str, str],
-           gpu: str) -> None:
-    """Write `results/gpu.{json,md}` from the cases' results (a failed case is a row with its error)."""
-    rows, figures = [], []
-    for size, cases in results.items():
-        for r in cases:
-            if "error" in r:
-                rows.append([size, r["case"], "-", "-", "-", "-", r["error"]])
+        for size, case, why in steps:
+            row: dict[str, Any] = {"size": size, "case": case, "at": stamp}
+            if why is not None or args.dry_run:
+                if why is None:
+                    continue  # would run: a dry run records only what cannot
+                record(args.out, {**row, "status": why})
                 continue
-            tokens_per_second = r["generated_tokens_per_second"]  # None where TRL's generation timer was not seen
-            rows.append([size, r["case"], r["step_seconds"], "-" if tokens_per_second is None else tokens_per_second,
-                         r["peak_allocated_gib"], r["device_in_use_gib"], ""])
-            figures.append(figure(f"{size} {r['case']}: GRPO step", r["step_seconds"], "s", digits=2))
-            if tokens_per_second is not None:
-                figures.append(figure(f"{size} {r['case']}: generated tokens/s", tokens_per_second, "tokens/s",
-                                      digits=0))
-            figures.append(figure(f"{size} {r['case']}: peak GPU memory", r["peak_allocated_gib"], "GiB", digits=2))
-    write("gpu", f"GRPO on a GPU ({gpu})", figures,
-          [table(f"{STEPS - 1} timed GRPO steps after a warm-up; {PROMPTS_PER_STEP} prompts x {NUM_GENERATIONS} "
-                 f"generations of {MAX_COMPLETION_LENGTH} tokens per step; LoRA r={LORA_R}",
-                 ["model", "case", "step s (median)", "generated tokens/s", "peak allocated GiB",
-                  "device in use GiB", "error"], rows)],
-          what="GRPO step time, generated tokens/s and peak GPU memory for rlkit's backends on random-initialised "
-               "Qwen3-0.6B- and 1.7B-sized models (the tiny tokenizer's 1024-token vocabulary).",
-          details={"gpu": gpu, "parameters": parameters, "results": results, "skipped": skipped},
-          notes=[f"skipped {case}: {why}" for case, why in skipped.items()]
-          + [f"{size}: {n / 1e6:.0f}M parameters (1024-token vocabulary)" for size, n in parameters.items()],
-          reproduce="Reproduce: `python bench/gpu.py` on a CUDA machine (`pip install -e \".[gpu]\"` adds unsloth "
-                    "and vLLM).")
+            if size not in models:
+                model_dir = Path(tmp) / size
+                _, error = spawn(["--build", size, str(model_dir)], args.timeout)
+                if error:
+                    record(args.out, {**row, "status": f"error building the model: {error}"})
+                    continue
+                models[size] = (model_dir, json.loads((model_dir / "parameters.json").read_text()))
+            model_dir, parameters = models[size]
+            run_dir = Path(tmp) / f"run-{size}-{case}" / "run"
+            started = time.time()
+            result, error = spawn(["--child", case, str(model_dir), str(run_dir)], args.timeout)
+            shutil.rmtree(run_dir.parent, ignore_errors=True)
+            row.update(parameters_m=round(parameters / 1e6), seconds=round(time.time() - started, 1),
+                       status=error or "ok", **(result or {}))
+            record(args.out, row)
+            print(f"{size} {case}: {row['status']}", flush=True)
+    print(f"results: {args.out / 'gpu.md'}")
+    return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+    elif sys.argv[1:2] == ["--build"]:
+        build_model(sys.argv[2], Path(sys.argv[3]))
     else:
-        main()
+        sys.exit(main())

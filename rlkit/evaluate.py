@@ -214,9 +214,12 @@ def load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple
 
 def _base_plus_adapter(recipe: Any, adapter: Path) -> tuple[Any, Any]:
     from rlkit.backends import hf
+    from rlkit.backends.recorded import run_dir_of, trained_base
 
-    # The adapter is evaluated on the base it was trained against (4-bit stays 4-bit).
-    base, _ = hf.load(recipe.model)
+    # The adapter is evaluated on the base it was trained against, as the run recorded it (4-bit stays
+    # 4-bit, Unsloth's pre-quantized checkpoint stays that checkpoint).
+    spec, quantization = trained_base(recipe.model, run_dir_of(adapter))
+    base, _ = hf.load(spec, quantization=quantization)
     model = hf.attach_adapter(base, adapter, trainable=False)
     return model, hf.load_tokenizer(str(adapter))
 

@@ -63,6 +63,10 @@ class Source:
     run_dir: Path | None
     spec: Any  # rlkit.recipe.ModelSpec: how training loaded the base (and prompted the model)
     notes: list[str] = field(default_factory=list)
+    # The bitsandbytes config the base was trained under, as recorded (None: rlkit's nf4 or 16-bit).
+    quantization: dict[str, Any] | None = None
+    # The recipe's model (the 16-bit original that `--base original` merges into).
+    recipe_model: str | None = None
 
 
 def merge(
@@ -103,7 +107,7 @@ def _merge(src: Source, out: Path, base: str, dtype: str, show_progress: bool) -
         with Progress(*columns, disable=not (show_progress and progress_.interactive()), transient=True,
                       console=progress_.console()) as progress:
             with _stage(progress, seconds, "load base"):
-                model = load_base(src.spec, base)
+                model = load_base(src.spec, base, quantization=src.quantization, original=src.recipe_model)
             with _stage(progress, seconds, "merge"):
                 model = merge_adapter(model, src.adapter)
             with _stage(progress, seconds, "save"):
@@ -130,6 +134,7 @@ def read_source(source: str | Path, base_model: str | None = None) -> Source:
     """The adapter and its training base: from ``recipe.resolved.yaml`` when there is a run directory."""
     from rlkit import runs
     from rlkit.backends import hf
+    from rlkit.backends.recorded import trained_base
     from rlkit.recipe import ModelSpec
 
     adapter = hf.adapter_dir(source)
@@ -143,12 +148,16 @@ def read_source(source: str | Path, base_model: str | None = None) -> Source:
         if spec.dtype == "auto" and provenance.get("dtype") in ("bfloat16", "float16", "float32"):
             # `auto` resolves per machine: load the base in the dtype training actually used.
             spec = spec.model_copy(update={"dtype": provenance["dtype"]})
-        known = [spec.name_or_path, provenance.get("model_loaded"), trained_on]
+        recipe_model = spec.name_or_path
+        # The checkpoint training really loaded (Unsloth swaps in its pre-quantized repo) and its quantization.
+        spec, quantization = trained_base(spec, run_dir)
+        known = [recipe_model, spec.name_or_path, provenance.get("model_loaded"), trained_on]
         notes = []
     else:
         if not trained_on and not base_model:
             raise UserError(f"{adapter}: adapter_config.json names no base model; pass --base-model")
         spec = ModelSpec(name_or_path=trained_on or base_model)
+        recipe_model, quantization = spec.name_or_path, None
         known = [trained_on] if trained_on else []
         notes = ["no run directory: base model from adapter_config.json, assumed 16-bit; "
                  "merge a QLoRA adapter from its run directory"]
@@ -157,7 +166,8 @@ def read_source(source: str | Path, base_model: str | None = None) -> Source:
                         "another base gives a different model (omit --base-model to use the recorded one)")
     if base_model is not None:
         spec = spec.model_copy(update={"name_or_path": base_model})
-    return Source(adapter=adapter, run_dir=run_dir, spec=spec, notes=notes)
+    return Source(adapter=adapter, run_dir=run_dir, spec=spec, notes=notes, quantization=quantization,
+                  recipe_model=recipe_model)
 
 
 def _model_spec(cls: type, data: Any, source: Path) -> Any:
@@ -222,18 +232,46 @@ def _stage(progress: Any, seconds: dict[str, float], name: str) -> Iterator[None
 # Merge and save
 
 
-def load_base(spec: Any, mode: str):
-    """The base in float32, as the adapter saw it (``dequantized``) or as published (``original``)."""
+def load_base(spec: Any, mode: str, *, quantization: dict[str, Any] | None = None, original: str | None = None):
+    """The base in float32, as the adapter saw it (``dequantized``) or as published (``original``).
+
+    Always on the CPU: a float32 copy takes 4 bytes per parameter (28 GB for a 7B model), more than many
+    GPUs hold, and merging is a few additions per weight, not worth a GPU.
+    """
     import torch
 
     from rlkit.backends import hf
 
     if spec.load_in_4bit and mode == "dequantized":
-        model, _ = hf.load(spec)  # the same BitsAndBytesConfig and compute dtype as training
+        # The same bitsandbytes config (recorded, or rlkit's nf4) and compute dtype as training.
+        model, _ = hf.load(spec, quantization=quantization, device="cpu")
         model.dequantize(dtype=torch.float32)
-        return model.to(torch.float32)
-    model, _ = hf.load(spec.model_copy(update={"load_in_4bit": False, "dtype": "float32"}))
+        return _plain(model.to(torch.float32))
+    name = original if spec.load_in_4bit and original else spec.name_or_path
+    model, _ = hf.load(spec.model_copy(update={"name_or_path": name, "load_in_4bit": False, "dtype": "float32"}),
+                       device="cpu")
     return model
+
+
+def _plain(model: Any):
+    """The same weights in a model built from its config alone.
+
+    A model loaded from a pre-quantized checkpoint (Unsloth's ``*-bnb-4bit``) keeps the loader's weight
+    conversions after ``dequantize()``, and ``save_pretrained`` then fails trying to reverse them
+    (transformers 5: ``Bnb4bitDeserialize.reverse_op`` raises NotImplementedError).
+    """
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain
 
 
 def merge_adapter(model: Any, adapter: Path):
@@ -267,14 +305,14 @@ def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(src.adapter))
     merged_tokenizer = AutoTokenizer.from_pretrained(str(merged_dir))
     prompts = verification_prompts(tokenizer, src.spec.chat_template_kwargs)
-    base, _ = hf.load(src.spec)
+    base, _ = hf.load(src.spec, quantization=src.quantization)
     reference = hf.attach_adapter(base, src.adapter, trainable=False)
     ref_out = _outputs(reference, prompts, tokenizer.pad_token_id)
     with reference.disable_adapter():
         base_logits = [logits for logits, _ in _outputs(reference, prompts, tokenizer.pad_token_id, generate=False)]
     del reference, base
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and fits_on_gpu(merged):
         merged.to("cuda")
     merged_out = _outputs(merged, prompts, tokenizer.pad_token_id)
     checks = compare(ref_out, merged_out)
@@ -289,6 +327,16 @@ def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
                                                                     strict=True):
         row.update(kind=kind, prompt=text, reference=tokenizer.decode(ref_ids), merged=tokenizer.decode(merged_ids))
     return checks
+
+
+def fits_on_gpu(model: Any, free_bytes: int | None = None) -> bool:
+    """Whether ``model`` fits in 90% of the GPU's free memory (else the check runs on the CPU, slower)."""
+    if free_bytes is None:
+        import torch
+
+        free_bytes = torch.cuda.mem_get_info()[0]
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    return size <= 0.9 * free_bytes
 
 
 def verification_prompts(tokenizer: Any, chat_template_kwargs: dict[str, Any]) -> list[tuple[str, str, list[int]]]:
@@ -383,6 +431,8 @@ def _report(src: Source, out: Path, mode: str, dtype: str, checks: dict[str, Any
         "out": str(out),
         "base_model": spec.name_or_path,
         "base_model_loaded": resolve_model_id(spec.name_or_path),
+        "base_quantization": src.quantization,
+        "recipe_model": src.recipe_model,
         "trained_in_4bit": spec.load_in_4bit,
         "reference": f"adapter on the {'nf4' if spec.load_in_4bit else '16-bit'} base, "
                      f"{str(hf.torch_dtype(spec.dtype)).removeprefix('torch.')} compute",

@@ -295,9 +295,10 @@ def load_recipe(
         data, smoke_changes = apply_smoke(data)
     data = apply_overrides(data, overrides or [])
     recipe = validate(data, source=str(path))
-    from rlkit.backends import import_unsloth_first
-
-    import_unsloth_first(backend_request(recipe))
+    # The request is checked (unsloth cannot train ppo), but no backend is chosen here: only `rlkit train`
+    # imports Unsloth (rlkit.backends.choose), so eval, chat, index, validate and the launcher's parent
+    # never pay for it nor fail on it.
+    backend_request(recipe)
     if validate_trainer:
         trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(path))
     recipe._smoke_changes = smoke_changes
@@ -477,11 +478,13 @@ def backend_request(recipe: Recipe) -> str:
     return recipe.model.backend
 
 
-def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>") -> Any:
+def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>", backend: str | None = None) -> Any:
     """Build the TRL config for ``recipe``: its ``trainer:`` block plus the fields rlkit decides.
 
     Device-dependent defaults are filled for this machine (see :func:`device_defaults`), so a GPU
-    recipe validates on a laptop without a GPU.
+    recipe validates on a laptop without a GPU. Where a backend replaced TRL's config class (Unsloth),
+    unset fields keep TRL's defaults and ``backend`` names it in the check of what it changed
+    (:mod:`rlkit.backends.trl_config`).
     """
     import dataclasses
 
@@ -500,10 +503,14 @@ def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>") ->
     algo = builder(recipe.algorithm)
     if hasattr(algo, "rlkit_fields"):
         kwargs.update(algo.rlkit_fields(recipe))
+    from rlkit.backends.trl_config import check_backend_changes, with_trl_defaults
+
+    kwargs = with_trl_defaults(cls, kwargs)
     try:
         config = cls(output_dir=output_dir, **kwargs)
     except (ValueError, TypeError) as e:
         raise UserError(f"{source}: trainer: {cls.__name__} rejected the settings: {str(e).splitlines()[0]}") from None
+    check_backend_changes(config, {"output_dir": output_dir, **kwargs}, backend or "current")
     if hasattr(algo, "check_config"):  # what the trainer, not the config class, would reject
         algo.check_config(config, source)
     from rlkit.tracking import check as check_trackers
@@ -528,14 +535,23 @@ def _coerce(cls: type, key: str, value: Any, source: str, adapter: Any) -> Any:
         return value
 
 
-def device_defaults(recipe: Recipe) -> dict[str, Any]:
-    """Fields that depend on the machine: TRL defaults to bf16, which a CPU-only machine lacks."""
-    if cuda_available():
+def device_defaults(recipe: Recipe, cuda: bool | None = None, bf16_supported: bool | None = None) -> dict[str, Any]:
+    """Fields that depend on the machine: TRL defaults to bf16, which a CPU-only machine and pre-Ampere
+    GPUs (T4, V100) lack; there TRL's config raises, so rlkit trains in fp16 mixed precision instead."""
+    if cuda is None:
+        cuda = cuda_available()
+    if not cuda:
+        out: dict[str, Any] = {"use_cpu": True}
+        if "bf16" not in recipe.trainer:
+            out["bf16"] = False
+        return out
+    if bf16_supported is None:
+        import torch
+
+        bf16_supported = torch.cuda.is_bf16_supported()
+    if bf16_supported or "bf16" in recipe.trainer:
         return {}
-    out: dict[str, Any] = {"use_cpu": True}
-    if "bf16" not in recipe.trainer:
-        out["bf16"] = False
-    return out
+    return {"bf16": False, **({} if "fp16" in recipe.trainer else {"fp16": True})}
 
 
 def cuda_available() -> bool:

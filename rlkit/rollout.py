@@ -154,28 +154,67 @@ class VLLMPolicy:
 
     def __init__(self, model_path: str, tokenizer: Any, *, adapter: str | None, max_lora_rank: int,
                  chat_template_kwargs: dict[str, Any], max_new_tokens: int, temperature: float = 0.0,
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.8) -> None:
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.8,
+                 quantization: str | None = None) -> None:
         try:
             from vllm import LLM, SamplingParams
             from vllm.lora.request import LoRARequest
         except ImportError:
             raise UserError("--backend vllm needs vLLM: pip install 'rlkit[gpu]' (CUDA only)") from None
+        from rlkit.backends.unsloth_args import vllm_lora_rank
+
         self.tokenizer, self.kwargs = tokenizer, chat_template_kwargs
         self.max_new_tokens = max_new_tokens
-        self.llm = LLM(model=model_path, enable_lora=adapter is not None, max_lora_rank=max_lora_rank,
-                       max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization)
+        extra = {"quantization": quantization} if quantization else {}
+        self.llm = LLM(model=model_path, enable_lora=adapter is not None, max_lora_rank=vllm_lora_rank(max_lora_rank),
+                       max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, **extra)
+        self.max_model_len = max_model_len or self.llm.llm_engine.model_config.max_model_len
         self.lora = LoRARequest("adapter", 1, adapter) if adapter else None
         self.sampling = SamplingParams(temperature=temperature, max_tokens=max_new_tokens)
         require_response_parser(tokenizer)
         self.template = training_template(tokenizer)
 
     def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
+        from vllm import SamplingParams
+
         started = time.time()
-        outputs = self.llm.chat(list(conversations), self.sampling, tools=tools, lora_request=self.lora,
+        lengths = prompt_lengths(self.tokenizer, conversations, tools, self.template, self.kwargs)
+        budgets = completion_budgets(lengths, self.max_model_len, self.max_new_tokens)
+        fit = [i for i, b in enumerate(budgets) if b is not None]
+        turns = [overflow_turn(n, self.max_model_len) for n in lengths]
+        if not fit:
+            return turns
+        params = [SamplingParams(temperature=self.sampling.temperature, max_tokens=budgets[i]) for i in fit]
+        outputs = self.llm.chat([conversations[i] for i in fit], params, tools=tools, lora_request=self.lora,
                                 chat_template=self.template, chat_template_kwargs=self.kwargs, use_tqdm=False)
         seconds = (time.time() - started) / max(len(conversations), 1)
-        return [parsed_turn(self.tokenizer, list(o.outputs[0].token_ids), list(o.prompt_token_ids),
-                            self.max_new_tokens, seconds) for o in outputs]
+        for i, o in zip(fit, outputs, strict=True):
+            turns[i] = parsed_turn(self.tokenizer, list(o.outputs[0].token_ids), list(o.prompt_token_ids),
+                                   self.max_new_tokens, seconds)
+        return turns
+
+
+def prompt_lengths(tokenizer: Any, conversations: Sequence[list[dict[str, Any]]], tools: list[dict],
+                   template: str | None, kwargs: dict[str, Any]) -> list[int]:
+    """Tokens of each conversation as the policy prompts it (chat template, tools, generation prompt)."""
+    texts = [tokenizer.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True,
+                                           chat_template=template, **kwargs) for c in conversations]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def completion_budgets(lengths: Sequence[int], max_model_len: int, max_new_tokens: int) -> list[int | None]:
+    """Per prompt, the tokens it may generate inside the context, or None where none fit.
+
+    vLLM refuses a prompt as long as its context with an exception that would end every episode of the
+    batch; a multi-turn episode grows until it gets there, so that episode alone ends, with an error.
+    """
+    return [min(max_new_tokens, max_model_len - n) if n < max_model_len else None for n in lengths]
+
+
+def overflow_turn(prompt_tokens: int, max_model_len: int) -> Turn:
+    return Turn({}, prompt_tokens=prompt_tokens, finish_reason="length",
+                error=f"context overflow: the conversation has {prompt_tokens} tokens, the model's context "
+                      f"{max_model_len} (model.max_seq_length)")
 
 
 class EndpointPolicy:
@@ -645,6 +684,7 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
         return policy, policy.preflight()  # outputs are named after the served model, not host:port
     if backend == "vllm":
         from rlkit.backends import hf
+        from rlkit.backends.recorded import run_dir_of, trained_base
         from rlkit.recipe import cuda_available
         from rlkit.tiny import resolve_model_id
 
@@ -652,12 +692,17 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
             raise UserError("--backend vllm needs a CUDA GPU and this machine has none; use --backend hf")
         adapter = hf.adapter_dir(Path(model)) if model and runs.holds_adapter(model) else (
             run_dir / "adapter" if run_dir and not model else None)
-        base = resolve_model_id(recipe.model.name_or_path) if adapter or not model else model
+        spec, quantization = trained_base(recipe.model, run_dir_of(adapter) if adapter else None)
+        base = resolve_model_id(spec.name_or_path) if adapter or not model else model
+        four_bit = bool(adapter or not model) and (spec.load_in_4bit or quantization is not None)
         tokenizer = hf.load_tokenizer(str(adapter) if adapter else base)
+        # A QLoRA adapter is served on a bitsandbytes 4-bit base, as it was trained (vLLM quantizes a 16-bit
+        # checkpoint itself and reads a pre-quantized one's config).
         policy = VLLMPolicy(base, tokenizer, adapter=str(adapter) if adapter else None,
                             max_lora_rank=recipe.lora.r if recipe.lora else 16, chat_template_kwargs=kwargs,
                             max_new_tokens=max_new_tokens, temperature=temperature,
-                            max_model_len=recipe.model.max_seq_length)
+                            max_model_len=recipe.model.max_seq_length,
+                            quantization="bitsandbytes" if four_bit else None)
         return policy, str(adapter or base)
     if backend != "hf":
         raise UserError(f"--backend {backend!r}: use hf or vllm")

@@ -1,6 +1,7 @@
 """The run directory: what a run was (resolved recipe + provenance), what it logged, what it made.
 
     RUN/recipe.resolved.yaml   recipe after overrides/smoke, model as loaded, versions, git sha
+    RUN/trainer_config.json    the TRL config the trainer ran with (every field, secrets masked)
     RUN/metrics.jsonl          one JSON object per logging step, with `step`
     RUN/checkpoints/           TRL checkpoints; a complete one holds COMPLETE (written after the save)
     RUN/adapter/               the final PEFT adapter + tokenizer
@@ -30,8 +31,9 @@ log = logging.getLogger("rlkit")
 RESOLVED = "recipe.resolved.yaml"
 METRICS = "metrics.jsonl"
 COMPLETE = "rlkit-complete.json"
+TRAINER_CONFIG = "trainer_config.json"
 # What a run writes before its first checkpoint: a directory holding only these was never worth keeping.
-_SETUP_FILES = {RESOLVED, METRICS, "checkpoints", "wandb", "tensorboard", "plots", "report.md"}
+_SETUP_FILES = {RESOLVED, METRICS, TRAINER_CONFIG, "checkpoints", "wandb", "tensorboard", "plots", "report.md"}
 # Recipe keys that may change when a run resumes; anything else would make it a different run.
 RESUMABLE_CHANGES = ("trainer.max_steps", "trainer.num_train_epochs", "trainer.save_steps", "trainer.logging_steps",
                      "trainer.save_total_limit", "trainer.report_to")
@@ -191,6 +193,16 @@ def write_resolved(run_dir: Path, recipe: dict[str, Any], provenance: dict[str, 
     doc = scrub({**recipe, "provenance": {**provenance, "versions": versions(), "git_sha": git_sha()}})
     if write:
         (run_dir / RESOLVED).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return doc
+
+
+def write_trainer_config(run_dir: Path, args: Any) -> dict[str, Any]:
+    """The TRL config as the trainer holds it (``args.to_dict()``, after every backend's changes), secrets
+    masked: what ran, field by field, where the recipe shows only what was asked."""
+    from rlkit.secrets import redact, scrub
+
+    doc = scrub(json.loads(json.dumps(args.to_dict(), default=str)))
+    (run_dir / TRAINER_CONFIG).write_text(redact(json.dumps(doc, indent=2, sort_keys=True)) + "\n")
     return doc
 
 

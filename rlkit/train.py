@@ -54,7 +54,7 @@ def train(
     for change in recipe.smoke_changes:
         log.info("smoke: %s", change)
     backend = backends.choose(backend_request(recipe))  # before trl is imported (Unsloth's rule)
-    trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path))
+    trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path), backend=backend)
     _check_machine(recipe, trainer_cfg, backend, cuda_available())
     if doctor:
         _doctor(recipe, str(recipe_path))
@@ -113,20 +113,21 @@ def _doctor(recipe: Any, source: str) -> None:
 def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
     import importlib.util
 
-    from rlkit.vllm_serve import check_server_mode
+    from rlkit.vllm_serve import check_server_mode, prequantized
 
     use_vllm = bool(getattr(cfg, "use_vllm", False))
     if use_vllm and not cuda:
         raise UserError("trainer.use_vllm: vLLM needs a CUDA GPU and this machine has none; "
                         "set --set trainer.use_vllm=false (or use --smoke)")
-    if use_vllm and importlib.util.find_spec("vllm") is None:
-        raise UserError("trainer.use_vllm: vLLM is not installed; `pip install 'rlkit[gpu]'` or set use_vllm: false")
     if use_vllm:
         check_server_mode(recipe, backend)
-    if use_vllm and backend == "hf" and recipe.model.load_in_4bit:
-        # TRL's own vLLM weight sync cannot handle a 4-bit base (trl#4973).
-        raise UserError("trainer.use_vllm with model.load_in_4bit on the hf backend is not supported by TRL "
-                        "(trl#4973); use backend: unsloth, a 16-bit base, or use_vllm: false")
+    if use_vllm and backend == "hf" and (recipe.model.load_in_4bit or prequantized(recipe.model.name_or_path)):
+        # TRL's own vLLM weight sync cannot handle a 4-bit base (trl#4973), nor a pre-quantized checkpoint.
+        raise UserError("trainer.use_vllm with a 4-bit base (model.load_in_4bit or a *-bnb-4bit checkpoint) on the "
+                        "hf backend is not supported by TRL (trl#4973); use backend: unsloth, a 16-bit base, or "
+                        "use_vllm: false")
+    if use_vllm and importlib.util.find_spec("vllm") is None:
+        raise UserError("trainer.use_vllm: vLLM is not installed; `pip install 'rlkit[gpu]'` or set use_vllm: false")
 
 
 def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, checkpoint: Path | None,
@@ -270,14 +271,16 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
                   resumed_from: Path | None = None):
     """Everything up to ``trainer.train()``: data, TRL config, model, trainer; writes the provenance."""
     from rlkit import backends, handoff, progress, runs, tracking
-    from rlkit.recipe import trainer_config
+    from rlkit.backends.hf import loaded_base
+    from rlkit.recipe import backend_request, trainer_config
     from rlkit.tiny import resolve_model_id
     from rlkit.trainers import builder
 
     algo = builder(recipe.algorithm)
     started_from = handoff.check(recipe, head=algo.HEAD) if recipe.init_from else None
     train_ds = algo.dataset(recipe)
-    args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source)
+    backend_name = backends.choose(backend_request(recipe))
+    args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source, backend=backend_name)
     args.run_name = args.run_name or run_dir.name
     # rlkit's checkpoint callback rotates, after marking the new checkpoint complete (see runs.checkpoint_callback).
     keep, args.save_total_limit = args.save_total_limit, None
@@ -298,6 +301,9 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
         "backend": backend,
         "model_loaded": resolve_model_id(recipe.model.name_or_path),
         "dtype": str(model.dtype).removeprefix("torch."),  # what `dtype: auto` became on this machine
+        # The checkpoint and quantization really loaded (Unsloth may swap in its pre-quantized repo):
+        # merge, eval and rollouts load the adapter's base from here.
+        "base_model": loaded_base(getattr(model, "policy", model)),
         "init_from": started_from,
     }
     if resumed_from is not None:
@@ -316,6 +322,8 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     trainer.add_callback(progress.training_callback(f"{recipe.algorithm} {recipe.name}"))
     trainer.add_callback(tracking.config_callback(trainer, resolved))
     _require_trainable(getattr(trainer.model, "policy", trainer.model))  # PPO wraps policy + value model
+    if main:
+        runs.write_trainer_config(run_dir, trainer.args)
     return trainer, tokenizer
 
 

@@ -50,6 +50,12 @@ def server_mode(recipe: Any) -> bool:
     return bool(recipe.trainer.get("use_vllm")) and recipe.trainer.get("vllm_mode", "colocate") == "server"
 
 
+def prequantized(name: str) -> bool:
+    """A checkpoint saved already quantized by bitsandbytes (``unsloth/Qwen3-1.7B-unsloth-bnb-4bit``,
+    ``...-bnb-4bit``): 4-bit whatever ``load_in_4bit`` says."""
+    return "bnb-4bit" in name.lower() or "bnb_4bit" in name.lower()
+
+
 def check_server_mode(recipe: Any, backend: str | None = None) -> None:
     """Refuse what TRL 1.12's server mode cannot train: a 4-bit base, or Unsloth's colocated engine.
 
@@ -57,7 +63,7 @@ def check_server_mode(recipe: Any, backend: str | None = None) -> None:
     """
     if not server_mode(recipe):
         return
-    if recipe.model.load_in_4bit or "bnb-4bit" in recipe.model.name_or_path:
+    if recipe.model.load_in_4bit or prequantized(recipe.model.name_or_path):
         # Merging LoRA into a bitsandbytes 4-bit base keeps it packed in 4 bits, and the server expects 16-bit
         # tensors of the full shape: the first weight sync fails (trl#4973).
         raise UserError("trainer.vllm_mode server pushes the merged weights to the server, which TRL cannot do from "

@@ -1,4 +1,11 @@
-"""Backend choice: auto -> hf without CUDA, unsloth without a GPU is an error, never a fallback."""
+"""Backend choice: auto -> hf without CUDA, unsloth without a GPU is an error, never a fallback.
+
+The CPU-behaviour tests skip themselves on a CUDA machine; the GPU test runs there (conftest skips
+`gpu` tests on CPU with the reason "needs a CUDA GPU").
+"""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,25 +13,79 @@ import torch
 from rlkit import backends
 from rlkit.errors import UserError
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks CPU-machine behaviour")
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks CPU-machine behaviour")
 
 
-def test_auto_picks_hf_without_cuda(caplog):
+@pytest.fixture(autouse=True)
+def fresh_choice():
     backends._chosen.clear()
+    yield
+    backends._chosen.clear()
+
+
+@cpu_only
+def test_auto_picks_hf_without_cuda(caplog):
     with caplog.at_level("INFO", logger="rlkit"):
         assert backends.choose("auto") == "hf"
     assert "backend auto -> hf (no CUDA GPU)" in caplog.text
 
 
+@cpu_only
 def test_unsloth_without_gpu_is_a_clear_error():
-    backends._chosen.clear()
     with pytest.raises(UserError, match="unsloth needs a CUDA GPU and this machine has none"):
         backends.choose("unsloth")
-    # validation stays possible on a laptop: the import-order guard never raises
-    backends.import_unsloth_first("unsloth")
+
+
+@pytest.fixture
+def broken_unsloth(tmp_path, monkeypatch):
+    """A real `unsloth` package on sys.path whose import fails the way a bad install does."""
+    package = tmp_path / "unsloth"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError(\"No module named 'unsloth_zoo'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("UNSLOTH_COMPILE_LOCATION", raising=False)
+    return tmp_path
+
+
+def test_an_unsloth_that_fails_to_import_makes_auto_use_hf(broken_unsloth, caplog):
+    with caplog.at_level("WARNING", logger="rlkit"):
+        assert backends.choose("auto", cuda=True) == "hf"
+    assert "backend auto -> hf (unsloth fails to import: No module named 'unsloth_zoo')" in caplog.text
+    with pytest.raises(UserError, match=r"unsloth fails to import \(No module named 'unsloth_zoo'\)"):
+        backends.choose("unsloth", cuda=True)
+
+
+def test_unsloth_compiled_cache_goes_to_rlkit_cache_not_the_working_directory(broken_unsloth, monkeypatch):
+    import os
+
+    backends.choose("auto", cuda=True)  # sets the location before importing unsloth, even one that fails
+    assert os.environ["UNSLOTH_COMPILE_LOCATION"] == str(broken_unsloth / "cache" / "unsloth_compiled_cache")
+    monkeypatch.setenv("UNSLOTH_COMPILE_LOCATION", "/elsewhere")
+    backends.prepare_unsloth_env()
+    assert os.environ["UNSLOTH_COMPILE_LOCATION"] == "/elsewhere"  # the user's choice wins
+
+
+def test_loading_a_recipe_chooses_no_backend(tmp_path):
+    # eval, chat, index and validate load recipes: none of them may import Unsloth (or fail on it).
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    load_recipe(recipes_dir() / "gsm8k_grpo.yaml")
+    assert backends._chosen == {}
+
+
+@pytest.mark.slow
+def test_gpu_tests_run_on_cuda_and_skip_with_a_reason_on_cpu():
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__,
+                           "-k", "gpu_backend or picks_hf"], capture_output=True, text=True, timeout=120)
+    if torch.cuda.is_available():
+        assert "1 passed" in done.stdout and "SKIPPED" in done.stdout  # the GPU test ran, the CPU one skipped
+    else:
+        assert "SKIPPED [1]" in done.stdout and "needs a CUDA GPU" in done.stdout, done.stdout
+        assert "1 passed, 1 skipped" in done.stdout, done.stdout
 
 
 @pytest.mark.gpu
-def test_unsloth_backend_loads_on_gpu():
-    backends._chosen.clear()
+def test_unsloth_gpu_backend_loads_on_gpu():
     assert backends.choose("unsloth") == "unsloth"

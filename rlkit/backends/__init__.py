@@ -7,7 +7,6 @@ must be imported before trl/transformers/peft to patch them (the one documented 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 from typing import Any
@@ -18,13 +17,19 @@ log = logging.getLogger("rlkit")
 _chosen: dict[str, str] = {}
 
 
-def choose(requested: str) -> str:
-    """Resolve ``auto|unsloth|hf`` to the backend this machine will use."""
+def choose(requested: str, *, cuda: bool | None = None) -> str:
+    """Resolve ``auto|unsloth|hf`` to the backend this machine will use.
+
+    Only commands that train call this (Unsloth patches trl for training, and importing it costs
+    seconds and can fail): eval, chat, rollouts, index and validate load with hf and never import it.
+    An Unsloth that fails to import makes ``auto`` use hf, with the reason in the log.
+    """
     if requested in _chosen:
         return _chosen[requested]
-    import torch
+    if cuda is None:
+        import torch
 
-    cuda = torch.cuda.is_available()
+        cuda = torch.cuda.is_available()
     has_unsloth = importlib.util.find_spec("unsloth") is not None
     if requested == "unsloth":
         if not cuda:
@@ -42,18 +47,32 @@ def choose(requested: str) -> str:
     else:
         name = requested
     if name == "unsloth":
-        from rlkit.backends import unsloth as _  # noqa: F401  (imports unsloth before trl & co.)
+        prepare_unsloth_env()
+        try:
+            from rlkit.backends import unsloth as _  # noqa: F401  (imports unsloth before trl & co.)
+        except (ImportError, NotImplementedError) as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if requested == "unsloth":
+                raise UserError(f"model.backend: unsloth fails to import ({why}); fix the install or use "
+                                "`backend: hf`") from None
+            log.warning("backend auto -> hf (unsloth fails to import: %s)", why)
+            name = "hf"
     _chosen[requested] = name
     return name
 
 
-def import_unsloth_first(requested: str) -> None:
-    """Where Unsloth would be the backend, import it now, before anything imports trl.
+def prepare_unsloth_env() -> None:
+    """Settings Unsloth reads at import time.
 
-    Unlike :func:`choose`, this never raises: validating a GPU recipe on a laptop is fine.
+    Unsloth writes the trainer code it generates into ``./unsloth_compiled_cache`` of whatever directory
+    the command runs in (and imports it from there): keep it in rlkit's cache instead. A location the
+    user set wins.
     """
-    with contextlib.suppress(UserError):
-        choose(requested)
+    import os
+
+    from rlkit.tiny import cache_dir
+
+    os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(cache_dir() / "unsloth_compiled_cache"))
 
 
 def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0, head: str = "causal") -> tuple[Any, Any, Any, str]:
@@ -77,7 +96,7 @@ def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0, head: str = "cau
         return model, tokenizer, None, backend
     from rlkit.backends import hf
 
-    model, tokenizer = hf.load(recipe.model, head=head)
+    model, tokenizer = hf.load(recipe.model, head=head, training=True)
     if recipe.init_from:
         return hf.attach_adapter(model, recipe.init_from, trainable=True), tokenizer, None, backend
     return model, tokenizer, hf.lora_config(recipe.lora, head=head), backend

@@ -27,11 +27,15 @@ def torch_dtype(name: str):
     return getattr(torch, _DTYPES[name])
 
 
-def load(spec: Any, *, head: str = "causal", name: str | None = None):
+def load(spec: Any, *, head: str = "causal", name: str | None = None, training: bool = False,
+         quantization: dict[str, Any] | None = None, device: str | None = None):
     """Base model and tokenizer for ``spec`` (a ``ModelSpec``).
 
     ``head="score"`` loads a one-label sequence-classification model (reward and value models) from
     the same checkpoint; its score head is new. ``name`` loads another checkpoint the same way.
+    ``training``: the trainer places the model (see :func:`device_map`); otherwise it goes to the GPU
+    where there is one. ``quantization`` is a recorded bitsandbytes config (:func:`loaded_base`) to load
+    the base exactly as a run did, instead of rlkit's nf4 one; ``device`` forces a device ("cpu").
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -43,21 +47,93 @@ def load(spec: Any, *, head: str = "causal", name: str | None = None):
     kwargs: dict[str, Any] = {"dtype": dtype}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    if spec.load_in_4bit:
+    four_bit = spec.load_in_4bit or quantization is not None
+    if quantization is not None:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig.from_dict(dict(quantization))
+    elif spec.load_in_4bit:
         kwargs["quantization_config"] = quantization_config(dtype)
-        if torch.cuda.is_available():
-            kwargs["device_map"] = {"": torch.cuda.current_device()}
+    cuda = torch.cuda.is_available() and device != "cpu"
+    placement = device_map(cuda=cuda, four_bit=four_bit, training=training, local_rank=_local_rank())
+    if placement is not None:
+        kwargs["device_map"] = placement
     if head == "score":
         kwargs["num_labels"] = 1
     auto_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
     model = _from_pretrained(auto_class, name, **kwargs)
-    if spec.load_in_4bit and not torch.cuda.is_available():
+    if four_bit and not cuda:
         _disable_cpu_bf16_packing(model)
     tokenizer = load_tokenizer(name)
     if head == "score":
         # The score is read at the last non-pad token, which needs the pad id in the config.
         model.config.pad_token_id = tokenizer.pad_token_id
+        keep_score_in_float32(model)
     return model, tokenizer
+
+
+def device_map(*, cuda: bool, four_bit: bool, training: bool, local_rank: int = 0) -> dict[str, int] | None:
+    """Where from_pretrained puts the weights: this process's GPU, or None (CPU; the trainer moves it).
+
+    A 4-bit model must be quantized on the GPU it runs on; a 16-bit model for inference (eval, chat,
+    rollouts, merge checks) would otherwise stay on the CPU of a GPU machine. A 16-bit model for
+    training is left to the trainer, which places it (and shards it under ZeRO-3/FSDP) itself.
+    """
+    if not cuda or (training and not four_bit):
+        return None
+    return {"": local_rank}
+
+
+def _local_rank() -> int:
+    import os
+
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def keep_score_in_float32(model: Any) -> None:
+    """A 16-bit reward/value model keeps its score head in float32.
+
+    PEFT upcasts LoRA weights to float32 but not ``modules_to_save`` (the score head): in bf16 an update
+    of lr 3e-6 to a weight of size ~0.02 is below its rounding step and the value head never learns. The
+    hidden states reaching it are cast to float32, so the head also works outside autocast.
+    """
+    import torch
+
+    score = getattr(model, "score", None)
+    if score is None or score.weight.dtype == torch.float32:
+        return
+    score.to(torch.float32)
+    score.register_forward_pre_hook(_inputs_to_float32)
+
+
+def _inputs_to_float32(module: Any, args: tuple) -> tuple:
+    return tuple(a.to(module.weight.dtype) if hasattr(a, "to") else a for a in args)
+
+
+def loaded_base(model: Any) -> dict[str, Any]:
+    """The base a loaded (possibly PEFT-wrapped) model really is: checkpoint and quantization.
+
+    Unsloth swaps a requested ``Qwen/Qwen3-1.7B`` with ``load_in_4bit`` for its pre-quantized
+    ``unsloth/Qwen3-1.7B-unsloth-bnb-4bit`` (some modules kept 16-bit): an adapter trained there must be
+    merged and evaluated on that base, with that quantization, not on the recipe's name.
+    """
+    config = model.config
+    quant = getattr(config, "quantization_config", None)
+    if quant is not None and not isinstance(quant, dict):
+        quant = quant.to_dict()
+    return {"name_or_path": config._name_or_path, "quantization": _jsonable_quantization(quant),
+            "dtype": str(model.dtype).removeprefix("torch.")}
+
+
+def _jsonable_quantization(quant: dict[str, Any] | None) -> dict[str, Any] | None:
+    import json
+
+    if quant is None:
+        return None
+    # Enums (quant_method) and torch dtypes become their names: the run directory is plain YAML.
+    plain = {k: (str(v).removeprefix("torch.") if "dtype" in k and v is not None and not isinstance(v, str) else v)
+             for k, v in quant.items() if not k.startswith("_")}
+    return json.loads(json.dumps(plain, default=str))
 
 
 def load_tokenizer(name: str):

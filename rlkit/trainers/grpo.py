@@ -28,6 +28,10 @@ def rlkit_fields(recipe: Any) -> dict[str, Any]:
         fields["chat_template_kwargs"] = recipe.model.chat_template_kwargs
     if recipe.env is not None:
         fields["max_tool_calling_iterations"] = recipe.env.max_turns
+    if recipe.trainer.get("use_vllm") and recipe.trainer.get("vllm_max_model_length") is None:
+        # Otherwise vLLM sizes its KV cache for the model's whole context (40K tokens for Qwen3-1.7B),
+        # which does not fit the 0.3 of the GPU colocate mode gives it, and fails at start-up.
+        fields["vllm_max_model_length"] = recipe.model.max_seq_length
     return fields
 
 

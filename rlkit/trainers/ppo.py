@@ -117,7 +117,7 @@ def _value_model(recipe: Any, tokenizer: Any):
         from rlkit.trainers.reward import load_score_model
 
         return load_score_model(recipe, recipe.value_model, tokenizer, trainable=True)[0]
-    model, _ = hf.load(recipe.model, head="score")
+    model, _ = hf.load(recipe.model, head="score", training=True)
     if recipe.lora is None:
         return model
     from peft import get_peft_model

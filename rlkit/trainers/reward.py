@@ -43,10 +43,13 @@ def load_score_model(recipe: Any, ref: str | Path, tokenizer: Any = None, *, tra
                 raise UserError(f"{ref}: a {trained.get('algorithm')} run, not a reward model "
                                 "(train one with an `algorithm: reward` recipe)")
             spec = spec.model_copy(update={k: trained["model"][k] for k in ("name_or_path", "load_in_4bit")})
-        base, score_tokenizer = hf.load(spec, head="score")
+        from rlkit.backends.recorded import trained_base
+
+        spec, quantization = trained_base(spec, run_dir)
+        base, score_tokenizer = hf.load(spec, head="score", training=True, quantization=quantization)
         model = hf.attach_adapter(base, directory, trainable=trainable).get_base_model()
     else:
-        model, score_tokenizer = hf.load(recipe.model, head="score", name=ref)
+        model, score_tokenizer = hf.load(recipe.model, head="score", name=ref, training=True)
         model.requires_grad_(trainable)
     if tokenizer is not None and score_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise UserError(f"{ref}: its tokenizer differs from the policy's ({recipe.model.name_or_path}); PPO feeds "

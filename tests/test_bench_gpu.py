@@ -1,0 +1,57 @@
+"""bench/gpu.py without a GPU: the plan, the skipped rows, and a case's child run on the tiny model."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "gpu.py"
+
+
+def run(*args, timeout=120):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_lists_the_cases_and_flags():
+    done = run("--help")
+    assert done.returncode == 0
+    for word in ("--case", "--size", "--dry-run", "grpo-unsloth-qlora", "merge-hf-qlora-nf4", "1.7b"):
+        assert word in done.stdout
+
+
+def test_dry_run_shows_the_plan_and_records_why_each_case_cannot_run(tmp_path):
+    import torch
+
+    done = run("--dry-run", "--out", str(tmp_path), "--size", "0.6b")
+    assert done.returncode == 0, done.stderr
+    assert "GPU check: 9 case(s)" in done.stdout
+    rows = [json.loads(line) for line in (tmp_path / "gpu.jsonl").read_text().splitlines()]
+    status = {r["case"]: r["status"] for r in rows}
+    assert status["grpo-unsloth-qlora"] == "skipped: unsloth, unsloth_zoo not installed"
+    assert status["grpo-hf-bf16-lora-vllm"] == "skipped: vllm not installed (vLLM is too large to carry)"
+    if not torch.cuda.is_available():
+        assert len(rows) == 9 and status["sft-hf-qlora-nf4"] == "skipped: no CUDA GPU"
+    # a second call appends; the table keeps the latest row per size and case
+    run("--dry-run", "--out", str(tmp_path), "--size", "0.6b", "--case", "grpo-unsloth-qlora")
+    assert len((tmp_path / "gpu.jsonl").read_text().splitlines()) == len(rows) + 1
+    md = (tmp_path / "gpu.md").read_text()
+    assert md.count("| grpo-unsloth-qlora ") == 1 and "no case has run on a GPU" in md
+
+
+@pytest.mark.slow
+def test_a_case_child_trains_and_merges_on_the_tiny_model_and_its_row_is_written(tmp_path, tiny_model_dir):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu
+
+    sft, error = gpu.spawn(["--child", "sft-hf-qlora-nf4", str(tiny_model_dir), str(tmp_path / "sft" / "run")], 300)
+    assert error is None
+    assert len(sft["all_step_seconds"]) == gpu.STEPS and sft["step_seconds"] > 0 and sft["tokens_per_second"] > 0
+    merged, error = gpu.spawn(["--child", "merge-hf-qlora-nf4", str(tiny_model_dir), str(tmp_path / "m" / "run")], 300)
+    assert error is None
+    assert merged["top1_agreement"] >= 0.95 and merged["adapter_effect_max_abs_logit"] > 1e-3
+    gpu.record(tmp_path / "out", {"size": "tiny", "case": "merge-hf-qlora-nf4", "status": "ok", **merged})
+    assert f"{merged['top1_agreement']:.4f}" in (tmp_path / "out" / "gpu.md").read_text()
