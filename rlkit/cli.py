@@ -484,7 +484,9 @@ def _setup_logging() -> None:
 
     if rank_info()[2] > 1:  # several processes: which rank says what; replicas only warn
         handler.addFilter(RankFilter())
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    # force: a second main() in one process (the tests, the Python API) must not keep writing to the first
+    # call's stderr, which may be closed by now.
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
 
 
