@@ -11,7 +11,7 @@ only remote URLs need it). Versions are those installed here, the combination rl
 Trimmed to fit: bitsandbytes keeps only its CPU and CUDA-`--cuda-major` libraries, unsloth drops
 its `studio/` web app. vLLM (~300 MiB with its kernels) is too large to carry: its cases are skipped.
 
-    python bench/gpu_wheels.py --out gpu-wheels.tar.xz             # ~50 MiB; add --unsloth for Unsloth
+    python bench/gpu_wheels.py --out gpu-wheels.tar.xz             # ~48 MiB; add --unsloth for Unsloth
     # copy it and the checkout to the GPU machine, then there:
     mkdir wheels && tar -xJf gpu-wheels.tar.xz -C wheels
     python -m pip install --no-index --no-deps wheels/*.whl
@@ -35,9 +35,10 @@ from importlib import metadata
 from pathlib import Path
 
 # What a bare CUDA machine already has (torch, transformers, peft, accelerate, triton and their dependencies).
+# Not fsspec: huggingface_hub brings a newer one than datasets allows (<=2026.2.0), so it is packed.
 BARE = {
     "torch", "triton", "transformers", "peft", "accelerate", "numpy", "huggingface-hub", "hf-xet", "tokenizers",
-    "safetensors", "regex", "tqdm", "pyyaml", "packaging", "filelock", "fsspec", "typing-extensions", "jinja2",
+    "safetensors", "regex", "tqdm", "pyyaml", "packaging", "filelock", "typing-extensions", "jinja2",
     "markupsafe", "sympy", "mpmath", "networkx", "psutil", "httpx", "httpcore", "h11", "anyio", "sniffio", "idna",
     "certifi", "typer-slim", "typer", "click", "shellingham", "setuptools", "pip", "wheel",
 }
