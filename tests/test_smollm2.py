@@ -184,3 +184,28 @@ def test_grpo_with_the_calculator_masks_exactly_the_tool_text_and_trains_the_lor
     after = dict(trainer.model.named_parameters())
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert len(changed) == len(before) > 0, "the LoRA did not train"
+
+
+@pytest.mark.slow  # bitsandbytes quantizes 135M weights to nf4 on CPU twice (train, verify): minutes
+@pytest.mark.timeout(1800)
+def test_qlora_merge_of_the_real_model_reproduces_the_adapter(smollm2_dir, tmp_path):
+    """A 4-bit QLoRA adapter trained on SmolLM2, merged into the dequantized base and checked against itself."""
+    from rlkit.merge import merge
+    from rlkit.train import train
+
+    overrides = [
+        "model.name_or_path=rlkit/smollm2-135m-instruct", "model.backend=hf", "model.load_in_4bit=true",
+        "model.dtype=float32", "model.max_seq_length=256", "lora.r=8", "lora.alpha=16",
+        "data.train={synthetic: 8, seed: 0}", "data.eval={synthetic: 4, seed: 1}", "trainer.max_steps=2",
+        "trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=1", "trainer.max_length=160",
+        "trainer.learning_rate=2e-2", "trainer.warmup_steps=0", "trainer.optim=adamw_torch", "trainer.logging_steps=1",
+        "trainer.save_steps=2", "trainer.seed=7"]
+    run_dir = train(recipes_dir() / "gsm8k_sft.yaml", overrides, output_dir=tmp_path / "run")
+    report = merge(run_dir, tmp_path / "merged", show_progress=False)
+    m = report["metrics"]
+    assert report["trained_in_4bit"] and report["base_mode"] == "dequantized" and report["dtype"] == "bfloat16"
+    assert m["positions"] > 100
+    assert m["top1_agreement"] >= 0.99 and m["top1_flip_max_ref_margin"] <= 5e-2
+    assert m["max_abs_logit_diff"] <= 0.15 and m["mean_abs_logit_diff"] <= 0.02
+    # The adapter matters: it moves the logits far more than the merge error does.
+    assert m["adapter_effect_max_abs_logit"] > 10 * m["max_abs_logit_diff"]
