@@ -1,16 +1,17 @@
 """Faster generation on CPU for rlkit's own inference paths (eval, rollouts, chat, pairs).
 
-On a CPU most of a decoding step is per-operation overhead, not arithmetic (SmolLM2-135M at batch 32:
-~0.26 s a step for a few tens of milliseconds of matmuls). What measured best here (bench/generation.py):
+What rlkit does, and why (measured with SmolLM2-135M at batch 32 on a 2-core AVX512-BF16 CPU; see the
+README's Performance section and bench/generation.py):
 
-- bf16 weights where the CPU has native bf16 (AVX512-BF16 / AMX: oneDNN's bf16 GEMMs); elsewhere bf16 is
-  emulated and slower, so the model stays as loaded;
+- bf16 weights where the CPU has native bf16 (AVX512-BF16 / AMX: oneDNN's bf16 GEMMs): 1.4-1.6x fp32 in
+  CPU time; elsewhere bf16 is emulated and slower, so the model stays as loaded;
 - a LoRA adapter merged into an unquantized base (PEFT's ``merge_and_unload``): each adapted linear is one
   GEMM again instead of three GEMMs and an add;
 - prompts batched by length (``length_order``), so a batch pads to similar lengths.
 
-It applies only to models loaded for inference with ``model.dtype: auto``; an explicit dtype is kept.
-Training (and TRL's own generation inside GRPO) is not touched here.
+A static KV cache measured no faster (slower in fp32), so none is set. It applies only to models loaded for
+inference with ``model.dtype: auto``; an explicit dtype is kept. Training (and TRL's own generation inside
+GRPO) is not touched here.
 """
 
 from __future__ import annotations
