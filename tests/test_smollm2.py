@@ -127,7 +127,8 @@ def _smollm2_calculator_recipe(**extra):
     return load_recipe(CALCULATOR, [f"{k}={v}" for k, v in overrides.items()], validate_trainer=False)
 
 
-@pytest.mark.slow  # two real GRPO steps of a 135M model on CPU
+@pytest.mark.slow  # two real GRPO steps of a 135M model on CPU (~200 s on a shared 2-core machine)
+@pytest.mark.timeout(900)
 def test_grpo_with_the_calculator_masks_exactly_the_tool_text_and_trains_the_lora(smollm2_dir, tmp_path):
     """TRL's tool loop on the real tokenizer: scripted tool calls, real calculator, real LoRA updates."""
     from rlkit.data import gsm8k
