@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,16 +30,16 @@ GSM8K_TEST = Path("../shared/data/gsm8k/test.jsonl")
 GSM8K_EASIEST = 100
 
 
-def eval_sets(gsm8k_file: Path | None) -> list[tuple[str, list[str]]]:
-    """(label, recipe overrides) of each held-out set; the GSM8K set only when its file exists."""
+def eval_sets(gsm8k_file: Path | None) -> list[tuple[str, str, list[str]]]:
+    """(label, file tag, recipe overrides) of each held-out set; the GSM8K set only when its file exists."""
     sets = [
-        ("held-out problems, training wording", []),
-        ("new wording (names, verbs, sentence shapes never trained on)",
+        ("held-out problems, training wording", "heldout", []),
+        ("new wording (names, verbs, sentence shapes never trained on)", "newwording",
          ["data.eval.generator.wording=other", "data.eval.seed=777"]),
     ]
     if gsm8k_file is not None:
         # GSM8K's shortest solutions still take two steps: leave room for two lines of working.
-        sets.append((f"GSM8K test, {GSM8K_EASIEST} easiest (2-step) items",
+        sets.append((f"GSM8K test, {GSM8K_EASIEST} easiest (2-step) items", "gsm8k-easiest",
                      [f"data.eval={{path: {json.dumps(str(gsm8k_file))}}}", "eval.max_new_tokens=40"]))
     return sets
 
@@ -69,7 +70,9 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     from rich.table import Table
 
     from rlkit.evaluate import evaluate
-    from rlkit.smollm2 import smollm2_path
+    from rlkit.recipe import load_recipe
+    from rlkit.report import write_report
+    from rlkit.tiny import resolve_model_id
     from rlkit.train import train
 
     console = Console()
@@ -96,26 +99,32 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
                       f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)[/]")
         return value
 
-    def evaluate_all(tag: str, model: str | None) -> list[dict[str, Any]]:
+    def evaluate_all(tag: str, model: str | None, where: Path) -> list[dict[str, Any]]:
         out = []
-        for i, (label, extra) in enumerate(sets):
-            res = evaluate(recipe, model, overrides=overrides + extra, out=output_dir / f"eval-{tag}-{i}.json")
+        for label, slug, extra in sets:
+            res = evaluate(recipe, model, overrides=overrides + extra, out=where / f"{tag}-{slug}.json")
             out.append({"accuracy": res["accuracy"], "format": format_share(res), "n": res["n"]})
             console.print(f"  {label}: accuracy {res['accuracy']:.3f}, format {out[-1]['format']:.2f} (n={res['n']})")
         return out
 
     console.rule("1/4  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
-    console.print(f"-> {timed('model build / cache check', smollm2_path)}")
+    name = load_recipe(recipe, overrides, validate_trainer=False).model.name_or_path
+    console.print(f"{name} -> {timed('model build / cache check', lambda: resolve_model_id(name))}")
     console.rule("2/4  evaluate the base model (greedy)")
-    base = timed("base eval", lambda: evaluate_all("base", None))
+    base_dir = output_dir / "base-eval"
+    base = timed("base eval", lambda: evaluate_all("base", None, base_dir))
     console.rule("3/4  GRPO (LoRA) on generated arithmetic word problems")
     timed("GRPO training", lambda: train(recipe, overrides, output_dir=run_dir, overwrite=True))
     console.rule("4/4  evaluate after GRPO (greedy)")
-    trained = timed("trained eval", lambda: evaluate_all("grpo", str(run_dir)))
+    trained = timed("trained eval", lambda: evaluate_all("grpo", str(run_dir), run_dir / "eval"))
+    # The run's report.md then holds base and trained accuracies side by side, next to the reward curves.
+    for path in base_dir.glob("*.json"):
+        shutil.copy(path, run_dir / "eval" / path.name)
+    write_report(run_dir)
 
     rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "grpo": t["accuracy"],
              "base_format": b["format"], "grpo_format": t["format"]}
-            for (label, _), b, t in zip(sets, base, trained, strict=True)]
+            for (label, _, _), b, t in zip(sets, base, trained, strict=True)]
     table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> GRPO (greedy accuracy; format = ends with #### N)")
     for col in ("held-out set", "n", "base", "after GRPO", "gain", "format base -> GRPO"):
         table.add_column(col, justify="left" if col == "held-out set" else "right")

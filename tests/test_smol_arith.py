@@ -77,12 +77,13 @@ def test_demo_eval_sets_are_valid_overrides_of_the_shipped_recipe(tmp_path):
     gsm.write_text(json.dumps({"question": "q", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
     sets = eval_sets(gsm)
     assert len(sets) == 3 and len(eval_sets(None)) == 2
+    assert len({slug for _, slug, _ in sets}) == 3  # one results file per set
     recipe = recipes_dir() / "smol_arith_grpo.yaml"
     base = load_recipe(recipe, [], validate_trainer=False)
     assert base.data.eval.generator.get("wording", "classic") == "classic"
-    other = load_recipe(recipe, sets[1][1], validate_trainer=False)
+    other = load_recipe(recipe, sets[1][2], validate_trainer=False)
     assert other.data.eval.generator["wording"] == "other" and other.data.eval.seed != base.data.eval.seed
-    real = load_recipe(recipe, sets[2][1], validate_trainer=False)
+    real = load_recipe(recipe, sets[2][2], validate_trainer=False)
     assert real.data.eval.path == str(gsm) and real.data.eval.synthetic is None
     # the held-out problems are other draws: 2 of the 100 repeat a training question word for word
     train = set(gsm8k.generate(base.data.train.synthetic, seed=base.data.train.seed, **base.data.train.generator)["question"])
@@ -94,3 +95,27 @@ def test_format_share_counts_replies_ending_with_the_answer_line():
     results = {"examples": [{"completion": "3 + 4 = 7\n#### 7"}, {"completion": "#### 7\nDone."},
                             {"completion": "7"}, {"completion": "2 + 2 = 4\n#### 4\n"}]}
     assert format_share(results) == 0.5
+
+
+def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_path):
+    """The real demo's wiring, on the tiny model with one GRPO step (the numbers are `make demo`'s job)."""
+    from rlkit.demo_real import run_demo
+
+    gsm = tmp_path / "test.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"{i} plus {i}?", "answer": f"a\nb\n#### {2 * i}"}) + "\n"
+                           for i in range(5)))
+    tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
+            "trainer.max_steps=1", "trainer.num_generations=2", "trainer.per_device_train_batch_size=4",
+            "trainer.max_completion_length=8", "eval.max_new_tokens=8"]
+    summary = run_demo(tmp_path / "demo", gsm, tiny)
+    assert [r["n"] for r in summary["rows"]] == [3, 3, 5]
+    for r in summary["rows"]:
+        assert 0 <= r["base"] <= 1 and 0 <= r["grpo"] <= 1
+    assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "GRPO training",
+                                                       "trained eval"]
+    run = tmp_path / "demo" / "grpo"
+    assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
+        f"{tag}-{slug}.json" for tag in ("base", "grpo") for slug in ("heldout", "newwording", "gsm8k-easiest"))
+    report = (run / "report.md").read_text()
+    assert "base-newwording.json" in report and "grpo-gsm8k-easiest.json" in report
+    assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]
