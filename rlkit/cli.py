@@ -399,11 +399,20 @@ def pairs(
 @app.command()
 def demo(
     output_dir: Path = typer.Option(Path("runs/demo"), "--output-dir", help="Where the demo's runs go."),
+    tiny: bool = typer.Option(False, "--tiny", help="The old demo: a random-initialised tiny Qwen3, SFT then GRPO."),
+    gsm8k_test: Path = typer.Option(Path("../shared/data/gsm8k/test.jsonl"), "--gsm8k-test",
+                                    help="GSM8K test JSONL for the easiest-items row (skipped when absent)."),
+    set_: list[str] = SetOpt,
 ) -> None:
-    """Offline demo on the built-in tiny model: SFT, then GRPO, evaluated before and after each stage."""
-    from rlkit.demo import run_demo
+    """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again."""
+    if tiny:
+        from rlkit.demo import run_demo as run_tiny_demo
 
-    run_demo(output_dir)
+        run_tiny_demo(output_dir)
+        return
+    from rlkit.demo_real import run_demo
+
+    run_demo(output_dir, gsm8k_test, set_ or [])
 
 
 @recipes_app.command("list")

@@ -28,6 +28,18 @@ PROMPTS = {
         "You are a careful math tutor. Think briefly: a few short steps are enough. Then give the final answer "
         "on the last line in the form `#### <number>`."
     ),
+    # Two lines, shown by example (``SHOTS``): a small model (SmolLM2-135M) copies the format from two worked
+    # turns far more reliably than from an instruction, and short answers keep CPU generation cheap.
+    "short": "Answer with the calculation, then `#### <number>`.",
+}
+# Worked example turns placed between the system prompt and the question, per prompt variant.
+SHOTS = {
+    "short": [
+        {"role": "user", "content": "Ana has 3 pens. Then Ana buys 4 more. How many pens does Ana have now?"},
+        {"role": "assistant", "content": "3 + 4 = 7\n#### 7"},
+        {"role": "user", "content": "Max has 9 cups. Then Max breaks 2. How many cups does Max have now?"},
+        {"role": "assistant", "content": "9 - 2 = 7\n#### 7"},
+    ],
 }
 _CALC_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
@@ -39,7 +51,8 @@ def load(source: Any):
 
 
 def chat_prompt(question: str, variant: str = "default") -> list[dict[str, str]]:
-    return [{"role": "system", "content": PROMPTS[variant]}, {"role": "user", "content": question.strip()}]
+    return [{"role": "system", "content": PROMPTS[variant]}, *SHOTS.get(variant, []),
+            {"role": "user", "content": question.strip()}]
 
 
 def solution_text(answer: str) -> str:
@@ -133,16 +146,22 @@ _GAIN = ["buys {n} more", "finds {n} more", "gets {n} more from a friend", "is g
 _LOSS = ["gives away {n}", "loses {n}", "eats {n}", "sells {n}"]
 
 
-def generate(n: int, seed: int = 0, max_value: int = 20, max_steps: int = 2):
+def generate(n: int, seed: int = 0, max_value: int = 20, max_steps: int = 2, wording: str = "classic"):
     """``n`` seeded word problems with one or two additions/subtractions, GSM8K-formatted.
+
+    ``wording="other"`` draws one-step problems from a second family that shares no name, item, verb
+    or sentence shape with the classic one: a held-out check that a gain is not tied to the wording.
 
     >>> generate(1, seed=3)[0]["answer"].splitlines()[-1].startswith("####")
     True
     """
     import datasets
 
+    if wording not in ("classic", "other"):
+        raise ValueError(f"wording must be 'classic' or 'other', not {wording!r}")
     rng = random.Random(seed)
-    rows = [_problem(rng, max_value, max_steps) for _ in range(n)]
+    make = _problem if wording == "classic" else _other_problem
+    rows = [make(rng, max_value, max_steps) for _ in range(n)]
     return datasets.Dataset.from_list(rows)
 
 
@@ -164,3 +183,46 @@ def _problem(rng: random.Random, max_value: int, max_steps: int) -> dict[str, st
             total += k
     sentences.append(f"How many {item} does {name} have now?")
     return {"question": " ".join(sentences), "answer": "\n".join(lines) + f"\n#### {total}"}
+
+
+# The second family: other names, things, verbs and sentence shapes (one step each).
+_OTHER_NAMES = ["Priya", "Jonas", "Amara", "Diego", "Hana", "Felix", "Noor", "Tariq", "Elena", "Kofi"]
+_OTHER_ADD = [
+    "A baker made {a} {thing} in the morning and {b} {thing} in the afternoon. How many {thing} did the baker make "
+    "in all?",
+    "{who} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {who} read altogether?",
+    "There are {a} {thing} in the red basket and {b} {thing} in the blue basket. How many {thing} are there in total?",
+    "{who} collected {a} {thing} last week. This week {who} collected another {b}. What is the total number of "
+    "{thing} {who} collected?",
+]
+_OTHER_SUB = [
+    "There were {a} {thing} on the table. {who} took {b} of them away. How many {thing} are still on the table?",
+    "A shop had {a} {thing} for sale and sold {b} of them before noon. How many {thing} were left?",
+    "{who} baked {a} {thing} for a party, and the guests ate {b}. How many {thing} remained?",
+    "The bus carried {a} passengers. At the next stop, {b} passengers got off. How many passengers stayed on the bus?",
+]
+_OTHER_THINGS = ["muffins", "tulips", "buttons", "crayons", "oranges", "bottles", "candles", "ribbons"]
+
+
+def _other_problem(rng: random.Random, max_value: int, max_steps: int) -> dict[str, str]:
+    who, thing = rng.choice(_OTHER_NAMES), rng.choice(_OTHER_THINGS)
+    a = rng.randint(2, max_value)
+    if rng.random() < 0.5:
+        b = rng.randint(1, max_value)
+        question, line, total = rng.choice(_OTHER_ADD), f"{a} + {b} = {a + b}", a + b
+    else:
+        b = rng.randint(1, a - 1)
+        question, line, total = rng.choice(_OTHER_SUB), f"{a} - {b} = {a - b}", a - b
+    return {"question": question.format(a=a, b=b, who=who, thing=thing), "answer": f"{line}\n#### {total}"}
+
+
+def solution_steps(answer: str) -> int:
+    """Steps in a GSM8K solution: its lines before the ``#### N`` line."""
+    return sum(1 for line in answer.rpartition("####")[0].splitlines() if line.strip())
+
+
+def easiest(ds, n: int):
+    """The ``n`` easiest rows of a GSM8K split, reproducibly: fewest solution steps (lines), then shortest
+    question, then file order."""
+    order = sorted(range(len(ds)), key=lambda i: (solution_steps(ds[i]["answer"]), len(ds[i]["question"]), i))
+    return ds.select(order[:n])

@@ -1,0 +1,121 @@
+"""The pieces of the real-model demo that need no model: held-out problem families, GSM8K's easiest items,
+the two-shot prompt, the demo's eval sets. (The training itself is measured by `make demo`, not here.)"""
+
+import json
+import re
+
+import datasets
+import pytest
+
+from rlkit.data import gsm8k
+from rlkit.demo_real import easiest_gsm8k, eval_sets, format_share
+from rlkit.recipe import load_recipe, recipes_dir
+from rlkit.rewards.math import gsm8k_correct
+
+
+def _words(rows) -> set[str]:
+    return {w.lower() for q in rows["question"] for w in re.findall(r"[A-Za-z]+", q)}
+
+
+def test_other_wording_is_a_disjoint_family_with_right_answers():
+    classic = gsm8k.generate(300, seed=0, max_value=20, max_steps=1)
+    other = gsm8k.generate(300, seed=0, max_value=20, max_steps=1, wording="other")
+    # no name, thing or verb of the training family appears in the held-out family
+    content = set(gsm8k._NAMES + gsm8k._ITEMS) | {"then", "buys", "finds", "gives", "loses", "eats", "sells", "now"}
+    assert not {w.lower() for w in content} & _words(other)
+    assert not set(other["question"]) & set(classic["question"])
+    # every gold answer is the arithmetic of its own line, and that line uses the question's numbers
+    for row in other:
+        a, op, b, _, total = row["answer"].splitlines()[0].split()
+        assert int(total) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
+        assert re.findall(r"\d+", row["question"]) == [a, b]
+    assert gsm8k_correct(list(other["answer"]), answer=list(other["answer"])) == [1.0] * 300
+    ops = [r.splitlines()[0].split()[1] for r in other["answer"]]
+    assert 100 < ops.count("+") < 200  # both operations, about evenly
+    assert gsm8k.generate(5, seed=4, wording="other")["question"] == gsm8k.generate(5, seed=4, wording="other")["question"]
+    with pytest.raises(ValueError, match="wording"):
+        gsm8k.generate(2, wording="pirate")
+
+
+def test_classic_generator_unchanged_by_the_wording_argument():
+    assert gsm8k.generate(10, seed=3).to_list() == gsm8k.generate(10, seed=3, wording="classic").to_list()
+
+
+def test_easiest_orders_by_steps_then_question_length_then_file_order():
+    rows = [
+        {"question": "q" * 50, "answer": "a\nb\nc\n#### 1"},   # 3 steps
+        {"question": "q" * 90, "answer": "a\nb\n#### 2"},      # 2 steps, long
+        {"question": "q" * 20, "answer": "a\n\nb\n#### 3"},    # 2 steps (blank lines do not count), short
+        {"question": "q" * 20, "answer": "a\nb\n#### 4"},      # tie with the row above: file order
+        {"question": "q", "answer": "a\nb\nc\nd\n#### 5"},     # 4 steps, shortest question
+    ]
+    ds = datasets.Dataset.from_list(rows)
+    assert [gsm8k.solution_steps(a) for a in ds["answer"]] == [3, 2, 2, 2, 4]
+    assert [gsm8k.gold(a) for a in gsm8k.easiest(ds, 4)["answer"]] == ["3", "4", "2", "1"]
+
+
+def test_easiest_gsm8k_file_round_trips(tmp_path):
+    src = tmp_path / "test.jsonl"
+    src.write_text("".join(json.dumps({"question": f"Q{i}" + "x" * (10 - i), "answer": "s\n" * (1 + i % 3) + f"#### {i}"})
+                           + "\n" for i in range(9)))
+    out = easiest_gsm8k(src, tmp_path / "easy" / "e.jsonl", n=3)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [gsm8k.gold(r["answer"]) for r in got] == ["6", "3", "0"]  # one step each, shortest question first
+
+
+def test_short_prompt_puts_the_worked_turns_between_system_and_question():
+    messages = gsm8k.chat_prompt(" How many? ", "short")
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert messages[-1]["content"] == "How many?"
+    for shot in messages[2:5:2]:  # the examples answer in exactly the format the reward asks for
+        assert gsm8k_correct([shot["content"]], answer=["7"]) == [1.0]
+    assert [m["role"] for m in gsm8k.chat_prompt("x")] == ["system", "user"]  # other variants unchanged
+
+
+def test_demo_eval_sets_are_valid_overrides_of_the_shipped_recipe(tmp_path):
+    gsm = tmp_path / "easy.jsonl"
+    gsm.write_text(json.dumps({"question": "q", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    sets = eval_sets(gsm)
+    assert len(sets) == 3 and len(eval_sets(None)) == 2
+    assert len({slug for _, slug, _ in sets}) == 3  # one results file per set
+    recipe = recipes_dir() / "smol_arith_grpo.yaml"
+    base = load_recipe(recipe, [], validate_trainer=False)
+    assert base.data.eval.generator.get("wording", "classic") == "classic"
+    other = load_recipe(recipe, sets[1][2], validate_trainer=False)
+    assert other.data.eval.generator["wording"] == "other" and other.data.eval.seed != base.data.eval.seed
+    real = load_recipe(recipe, sets[2][2], validate_trainer=False)
+    assert real.data.eval.path == str(gsm) and real.data.eval.synthetic is None
+    # the held-out problems are other draws: 2 of the 100 repeat a training question word for word
+    train = set(gsm8k.generate(base.data.train.synthetic, seed=base.data.train.seed, **base.data.train.generator)["question"])
+    held = gsm8k.generate(base.data.eval.synthetic, seed=base.data.eval.seed, **base.data.eval.generator)["question"]
+    assert sum(q in train for q in held) == 2
+
+
+def test_format_share_counts_replies_ending_with_the_answer_line():
+    results = {"examples": [{"completion": "3 + 4 = 7\n#### 7"}, {"completion": "#### 7\nDone."},
+                            {"completion": "7"}, {"completion": "2 + 2 = 4\n#### 4\n"}]}
+    assert format_share(results) == 0.5
+
+
+def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_path):
+    """The real demo's wiring, on the tiny model with one GRPO step (the numbers are `make demo`'s job)."""
+    from rlkit.demo_real import run_demo
+
+    gsm = tmp_path / "test.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"{i} plus {i}?", "answer": f"a\nb\n#### {2 * i}"}) + "\n"
+                           for i in range(5)))
+    tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
+            "trainer.max_steps=1", "trainer.num_generations=2", "trainer.per_device_train_batch_size=4",
+            "trainer.max_completion_length=8", "eval.max_new_tokens=8"]
+    summary = run_demo(tmp_path / "demo", gsm, tiny)
+    assert [r["n"] for r in summary["rows"]] == [3, 3, 5]
+    for r in summary["rows"]:
+        assert 0 <= r["base"] <= 1 and 0 <= r["grpo"] <= 1
+    assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "GRPO training",
+                                                       "trained eval"]
+    run = tmp_path / "demo" / "grpo"
+    assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
+        f"{tag}-{slug}.json" for tag in ("base", "grpo") for slug in ("heldout", "newwording", "gsm8k-easiest"))
+    report = (run / "report.md").read_text()
+    assert "base-newwording.json" in report and "grpo-gsm8k-easiest.json" in report
+    assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]
