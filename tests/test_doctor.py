@@ -67,7 +67,7 @@ def test_reward_card_numbers_for_gsm8k_rewards():
 
 
 @pytest.mark.parametrize("reward, why", [("always_one", "no signal"), ("raises_on_empty", "raised ZeroDivisionError"),
-                                         ("nan_reward", "non-finite")])
+                                         ("nan_reward", "returned nan")])
 def test_broken_rewards_are_blocking(reward, why):
     report = run(GRPO, [f"rewards=[{{name: 'tests.test_doctor:{reward}'}}]"], smoke=True, families=("rewards",))
     assert not report.go

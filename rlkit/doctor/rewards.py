@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from rlkit.doctor import Check, Context
+from rlkit.errors import UserError
 
 F = "rewards"
 BUDGET_S = 1.0  # per reward, per batch of probes; TRL calls rewards once per generation batch
@@ -79,6 +80,11 @@ def checks(ctx: Context) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
         started = time.perf_counter()
         try:
             values = func(prompts=rows["prompt"], completions=wrap(texts), **columns)
+        except UserError as e:  # rlkit's own check of a user reward (rlkit.rewards) caught NaN, a wrong count or type
+            out.append(Check(F, f"{name}: {label}", "fail", str(e),
+                             "return one finite float (or None) per completion"))
+            failed.add(name)
+            return None
         except Exception as e:  # the card's point is to show any exception a reward raises, as evidence
             out.append(Check(F, f"{name}: {label}", "fail", f"raised {type(e).__name__}: {e}",
                              "rewards must return a score for any text, never raise"))
