@@ -159,7 +159,7 @@ def lock_path(path: str | Path) -> Path:
     next to the user's files, and a lock file is never deleted (unlinking a flock file lets two holders in)."""
     import hashlib
 
-    from rlkit.tiny import cache_dir
+    from rlkit.cache import cache_dir
 
     key = str(Path(path).expanduser().resolve())
     return cache_dir() / "locks" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}{LOCK_SUFFIX}"

@@ -108,7 +108,7 @@ RESPONSE_TEMPLATE = {
 
 
 def _cache_dir() -> Path:
-    from rlkit.tiny import cache_dir
+    from rlkit.cache import cache_dir
 
     return cache_dir()
 

@@ -25,6 +25,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rlkit.cache import cache_dir
+
 TINY_MODEL = "rlkit/tiny-qwen3"
 TINY_MODEL_SMALL = "rlkit/tiny-qwen3-small"
 _PSEUDO_IDS = {TINY_MODEL: "tiny", TINY_MODEL_SMALL: "small"}
@@ -188,10 +190,6 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, size: str = "tiny") 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RLKIT_CACHE") or Path.home() / ".cache" / "rlkit")
 
 
 def tiny_model_path(size: str = "tiny") -> Path:

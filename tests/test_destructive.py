@@ -31,7 +31,7 @@ CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
 def guard_deletes(tmp_path, monkeypatch):
     """Refuse, in this process, any deletion outside pytest's temporary directories."""
     allowed = [Path(tmp_path).resolve().parent.parent]  # pytest's base temp: this test's and the fixtures'
-    from rlkit.tiny import cache_dir
+    from rlkit.cache import cache_dir
 
     allowed.append(cache_dir().resolve())  # rlkit's own cache (the tiny model build, lock files)
 
@@ -82,7 +82,7 @@ def places(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    from rlkit.tiny import cache_dir
+    from rlkit.cache import cache_dir
 
     monkeypatch.setenv("RLKIT_CACHE", str(cache_dir()))  # the tiny model and the locks stay where they were
     home = tmp_path / "home"

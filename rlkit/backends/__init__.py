@@ -70,7 +70,7 @@ def prepare_unsloth_env() -> None:
     """
     import os
 
-    from rlkit.tiny import cache_dir
+    from rlkit.cache import cache_dir
 
     os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(cache_dir() / "unsloth_compiled_cache"))
 

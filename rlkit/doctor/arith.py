@@ -63,7 +63,9 @@ def _grpo(ctx: Context, cfg: Any) -> list[Check]:
     per_epoch = math.ceil(n / prompts_per_opt) if n else 0
     steps = _steps(cfg, per_epoch)
     epochs = steps / per_epoch if per_epoch else 0.0
-    prompt_tokens = _mean_prompt_tokens(ctx)
+    from rlkit.doctor.memory import mean_prompt_tokens
+
+    prompt_tokens = mean_prompt_tokens(ctx)
     completion = cfg.max_completion_length
     tokens = per_opt * ((prompt_tokens or 0) + completion)
     data = {"processes": procs, "completions_per_step": per_opt, "prompts_per_step": prompts_per_opt,
@@ -103,24 +105,6 @@ def _supervised(ctx: Context, cfg: Any) -> list[Check]:
                   f"{cfg.gradient_accumulation_steps} accumulation x {procs} process(es); {n} rows, {per_epoch} steps "
                   f"per epoch, {steps} steps; up to {per_opt * (limit or 0):,} tokens per step", data=data)]
 
-
-def _mean_prompt_tokens(ctx: Context) -> int | None:
-    from rlkit.errors import UserError
-
-    rows = ctx.scored_rows
-    if rows is None or "prompt" not in rows.column_names:
-        return None
-    try:
-        tok = ctx.tokenizer
-    except UserError:  # no tokenizer here: ~4 characters per token, the usual English BPE ratio
-        chars = [sum(len(str(m.get("content") or "")) for m in p) if isinstance(p, list) else len(p)
-                 for p in rows["prompt"]]
-        return round(sum(chars) / len(chars) / 4)
-    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
-                                     **ctx.recipe.model.chat_template_kwargs) if isinstance(p, list) else p
-             for p in rows["prompt"]]
-    ids = tok(texts, add_special_tokens=False)["input_ids"]
-    return round(sum(map(len, ids)) / len(ids))
 
 
 def bench_figures() -> dict[str, dict[str, Any]]:

@@ -277,9 +277,7 @@ def checks(ctx: Context, gpu: str | None) -> tuple[list[Check], dict[str, list[d
     if shape is None:
         return [Check(F, "plan", "warn", f"unknown model {ctx.recipe.model.name_or_path!r}: not cached here and not "
                       "in rlkit's table of known configs", "run the doctor where the model is cached")], {}
-    from rlkit.doctor.arith import _mean_prompt_tokens
-
-    prompt_tokens = _mean_prompt_tokens(ctx) or 256
+    prompt_tokens = mean_prompt_tokens(ctx) or 256
     plan = plan_for(ctx, shape, prompt_tokens)
     est = plan.estimate()
     counts = parameter_counts(shape)
@@ -314,3 +312,22 @@ def checks(ctx: Context, gpu: str | None) -> tuple[list[Check], dict[str, list[d
 def published_check(shape_name: str, **plan: Any) -> float:
     """The plan's total (GiB) for a known model; tests compare it with published figures."""
     return Plan(shape=dict(KNOWN[shape_name]), **plan).estimate()["total"]
+
+def mean_prompt_tokens(ctx: Context) -> int | None:
+    """Mean prompt length in tokens over the scored rows (the chat template applied), or None."""
+    from rlkit.errors import UserError
+
+    rows = ctx.scored_rows
+    if rows is None or "prompt" not in rows.column_names:
+        return None
+    try:
+        tok = ctx.tokenizer
+    except UserError:  # no tokenizer here: ~4 characters per token, the usual English BPE ratio
+        chars = [sum(len(str(m.get("content") or "")) for m in p) if isinstance(p, list) else len(p)
+                 for p in rows["prompt"]]
+        return round(sum(chars) / len(chars) / 4)
+    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+                                     **ctx.recipe.model.chat_template_kwargs) if isinstance(p, list) else p
+             for p in rows["prompt"]]
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    return round(sum(map(len, ids)) / len(ids))

@@ -188,7 +188,7 @@ def build_retriever(spec: Any, model_name: str | None = None, show_progress: boo
 
 
 def _default_cache_root() -> Path:
-    from rlkit.tiny import cache_dir
+    from rlkit.cache import cache_dir
 
     return cache_dir() / "indexes"
 
