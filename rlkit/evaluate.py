@@ -239,7 +239,8 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
     """Completions for chat prompts, batched with left padding: greedy, or sampled at ``temperature``.
 
     With ``num_return_sequences=k`` the result holds k completions per prompt, prompt by prompt.
-    ``on_batch(first_prompt_index, completions)`` sees each batch as soon as it is decoded (to write it).
+    ``on_batch(first_prompt_index, completions)`` sees each batch, in prompt order, as soon as it is decoded
+    (to write it).
     """
     import torch
 
@@ -248,8 +249,11 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
 
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **chat_template_kwargs)
              for p in prompts]
-    # Similar lengths share a batch (less padding); completions go back in prompt order below.
-    order = length_order([len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]])
+    # Similar lengths share a batch (less padding); completions go back in prompt order below. A caller that
+    # writes each batch as it ends (on_batch) gets prompt order: its file is then always a prefix of the
+    # prompts, which is what --resume continues from.
+    order = (list(range(len(texts))) if on_batch is not None else
+             length_order([len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]))
     texts = [texts[i] for i in order]
     tokenizer.padding_side = "left"
     model.eval()
