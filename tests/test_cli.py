@@ -102,37 +102,32 @@ def test_smoke_train_then_eval_through_the_console_script(tmp_path):
     assert results["accuracy"] == sum(e["correct"] for e in results["examples"]) / 5
 
 
-def test_agent_commands_through_the_console_script(tmp_path):
+def test_agent_commands_through_the_console_script(tmp_path, monkeypatch):
     """index build/eval on the smoke corpus, then the one-line errors of rollout, analyze, index and chat."""
-    env_cache = {"RLKIT_CACHE": str(tmp_path / "cache")}
-    os.environ.update(env_cache)
-    try:
-        built = rlkit("index", "build", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
-        assert built.returncode == 0, built.stderr
-        assert "80 chunks, built in" in built.stdout
-        again = rlkit("index", "build", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
-        assert "80 chunks, loaded from cache" in again.stdout
-        scored = rlkit("index", "eval", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
-        assert scored.returncode == 0 and "passage recall" in scored.stdout and "MRR" in scored.stdout
-        assert "matched by fact" in scored.stdout
-        assert [line.split()[1] for line in scored.stdout.splitlines() if line.startswith("│")] == ["1", "2", "5", "10"]
-        errors = [
-            (("rollout", recipes_dir() / "gsm8k_grpo.yaml", "--smoke"), "has no `env:`"),
-            (("rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--split", "test"), "--split 'test'"),
-            (("rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--endpoint", "http://127.0.0.1:9/v1",
-              "--backend", "vllm"), "--endpoint generates on the server"),
-            (("rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--endpoint", "http://127.0.0.1:9/v1"),
-             "--endpoint http://127.0.0.1:9/v1: cannot list models"),
-            (("analyze", tmp_path / "none.jsonl"), "no such file"),
-            (("index", "build", recipes_dir() / "gsm8k_sft.yaml"), "no `retrieval:` section"),
-            (("index", "eval", recipes_dir() / "gsm8k_calculator_grpo.yaml"), "no `retrieval:` section"),
-            (("chat", "TINY", "--env", "calculater"), "unknown environment 'calculater'"),
-        ]
-        for args, expected in errors:
-            res = rlkit(*args)
-            assert res.returncode == 2, (args, res.stderr)
-            assert expected in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
-            assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-    finally:
-        for key in env_cache:
-            os.environ.pop(key)
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))  # restored after: a user's own cache dir survives
+    built = rlkit("index", "build", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
+    assert built.returncode == 0, built.stderr
+    assert "80 chunks, built in" in built.stdout
+    again = rlkit("index", "build", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
+    assert "80 chunks, loaded from cache" in again.stdout
+    scored = rlkit("index", "eval", recipes_dir() / "multihop_rag_grpo.yaml", "--smoke")
+    assert scored.returncode == 0 and "passage recall" in scored.stdout and "MRR" in scored.stdout
+    assert "matched by fact" in scored.stdout
+    assert [line.split()[1] for line in scored.stdout.splitlines() if line.startswith("│")] == ["1", "2", "5", "10"]
+    errors = [
+        (("rollout", recipes_dir() / "gsm8k_grpo.yaml", "--smoke"), "has no `env:`"),
+        (("rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--split", "test"), "--split 'test'"),
+        (("rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--endpoint", "http://127.0.0.1:9/v1",
+          "--backend", "vllm"), "--endpoint generates on the server"),
+        (("rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--endpoint", "http://127.0.0.1:9/v1"),
+         "--endpoint http://127.0.0.1:9/v1: cannot list models"),
+        (("analyze", tmp_path / "none.jsonl"), "no such file"),
+        (("index", "build", recipes_dir() / "gsm8k_sft.yaml"), "no `retrieval:` section"),
+        (("index", "eval", recipes_dir() / "gsm8k_calculator_grpo.yaml"), "no `retrieval:` section"),
+        (("chat", "TINY", "--env", "calculater"), "unknown environment 'calculater'"),
+    ]
+    for args, expected in errors:
+        res = rlkit(*args)
+        assert res.returncode == 2, (args, res.stderr)
+        assert expected in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
