@@ -65,7 +65,7 @@ def build_pairs(
     if spec.samples < 2:
         raise UserError(f"--samples {spec.samples}: a pair needs at least 2 samples per prompt")
     source = spec.prompts.model_copy(update={"limit": limit}) if limit else spec.prompts
-    rows = load_prompt_rows(recipe.data.task, source)
+    rows = load_prompt_rows(recipe, source)
     rewards = RewardSet(recipe.rewards)
 
     with safety.hold(out):

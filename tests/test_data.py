@@ -95,3 +95,16 @@ def test_real_gsm8k_gold_solutions_all_score_correct():
     # and as the conversational completions TRL passes
     scores = gsm8k_correct([[{"role": "assistant", "content": s}] for s in solutions[:200]], answer=rows["answer"][:200])
     assert sum(scores) == 200
+
+
+def test_on_policy_prompts_use_the_recipes_prompt_variant():
+    """`rlkit pairs` and PPO sample under the same system prompt (and worked turns) that training and eval use."""
+    from rlkit.data import load_prompt_rows, load_rows, task_rows
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    recipe = load_recipe(recipes_dir() / "gsm8k_dpo.yaml",
+                         ["data.prompt=short", "pairs.prompts={synthetic: 3, seed: 0}"], smoke=True,
+                         validate_trainer=False)
+    sampled = load_prompt_rows(recipe, recipe.pairs.prompts)["prompt"]
+    trained = task_rows(recipe, "grpo", load_rows("gsm8k", recipe.pairs.prompts))["prompt"]
+    assert sampled == trained and len(sampled[0]) > 2  # the `short` prompt's worked turns are there

@@ -120,9 +120,16 @@ def load_preference_rows(task_name: str, source: Any):
     return task.preference_rows(load_rows(task_name, source))
 
 
-def load_prompt_rows(task_name: str, source: Any):
-    """Prompts (and gold answers, where the task has them) for on-policy sampling: PPO, ``rlkit pairs``."""
-    task = get_task(task_name)
+def load_prompt_rows(recipe: Any, source: Any):
+    """Prompts (and gold answers, where the task has them) for on-policy sampling: PPO, ``rlkit pairs``.
+
+    Built with the recipe's ``data.prompt`` like its train and eval rows: samples drawn under another system
+    prompt would teach the model answers to prompts it never sees.
+    """
+    task = get_task(recipe.data.task)
     if not hasattr(task, "prompt_rows"):
-        raise UserError(f"task {task_name!r} has no prompts to sample from")
-    return task.prompt_rows(load_rows(task_name, source))
+        raise UserError(f"task {recipe.data.task!r} has no prompts to sample from")
+    ds = load_rows(recipe.data.task, source)
+    if hasattr(task, "PROMPTS"):
+        return task.prompt_rows(ds, prompt=resolve_prompt(task, recipe.data.prompt))
+    return task.prompt_rows(ds)

@@ -33,7 +33,7 @@ HEAD = "causal"
 def dataset(recipe: Any):
     from rlkit.data import load_prompt_rows
 
-    return load_prompt_rows(recipe.data.task, recipe.data.train)
+    return load_prompt_rows(recipe, recipe.data.train)
 
 
 def rlkit_fields(recipe: Any) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def _eval_prompts(recipe: Any, tokenizer: Any, kwargs: dict[str, Any]):
         return None
     from rlkit.data import load_prompt_rows
 
-    return tokenize_prompts(load_prompt_rows(recipe.data.task, recipe.data.eval), tokenizer, kwargs)
+    return tokenize_prompts(load_prompt_rows(recipe, recipe.data.eval), tokenizer, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
