@@ -114,7 +114,10 @@ def resolve_target(target: str | Path, overrides: list[str] | None = None,
 
     target = Path(target)
     if runs.is_run_dir(target):
-        resolved = runs.read_resolved(target)
+        from rlkit.recipe import apply_overrides
+
+        # --set applies to the recorded recipe too (e.g. another eval set); it used to be dropped silently.
+        resolved = apply_overrides(runs.read_resolved(target), overrides or [])
         resolved.pop("provenance", None)
         return validate(resolved, source=str(target / runs.RESOLVED)), target
     return load_recipe(target, overrides, smoke=smoke, validate_trainer=False), None
