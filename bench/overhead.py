@@ -51,7 +51,7 @@ _RESULT = "BENCH_RESULT "
 
 def digit_share(completions: list, **kwargs) -> list[float]:
     """The share of digits in each completion's text: varies between a random model's samples."""
-    from rlkit.rewards.math import completion_text
+    from rlkit.rewards.text import completion_text
 
     texts = [completion_text(c) for c in completions]
     return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]

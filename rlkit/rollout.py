@@ -511,7 +511,7 @@ def score_episodes(episodes: list[Episode], recipe: Any) -> list[dict[str, Any]]
     if rewards is not None and episodes:
         columns = {key: [e.row.get(key) for e in episodes] for key in episodes[0].row if key != "prompt"}
         totals, per_reward = rewards([e.row["prompt"] for e in episodes], [e.completion for e in episodes], **columns)
-    from rlkit.rewards.math import completion_text
+    from rlkit.rewards.text import completion_text
 
     records = []
     for i, e in enumerate(episodes):

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 import rlkit.rewards.qa
 from rlkit.rewards import REWARDS, resolve_reward
-from rlkit.rewards.math import answer_format, completion_text
+from rlkit.rewards.math import answer_format
 from rlkit.rewards.qa import answer_tag_format, final_answer, normalize_answer, qa_correct, qa_scores
+from rlkit.rewards.text import completion_text
 
 NULL = "Insufficient information."
 

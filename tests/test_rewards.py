@@ -10,15 +10,8 @@ from hypothesis import strategies as st
 
 from rlkit.errors import UserError
 from rlkit.rewards import REWARDS, resolve_reward
-from rlkit.rewards.math import (
-    answer_format,
-    completion_text,
-    extract_answer,
-    gold_answer,
-    gsm8k_correct,
-    normalize_number,
-    strip_think,
-)
+from rlkit.rewards.math import answer_format, extract_answer, gold_answer, gsm8k_correct, normalize_number
+from rlkit.rewards.text import completion_text, strip_think
 
 GSM8K_SOLUTION = (
     "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"

@@ -24,11 +24,12 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.retrieval.dates import readable_date
+from rlkit.retrieval.synthetic import VERSION, articles
 
 MULTIHOP_RAG_HUB = "yixuantt/MultiHopRAG"
 METADATA = ("source", "published_at", "url", "author", "category")
@@ -53,8 +54,6 @@ class Document:
 def load_documents(spec: Any) -> list[Document]:
     """The documents a `RetrievalSpec` names; a `UserError` for missing files, wrong shapes or no documents."""
     if spec.synthetic is not None:
-        from rlkit.retrieval.synthetic import articles
-
         return _from_rows(articles(spec.synthetic, seed=spec.seed), "synthetic corpus", spec, "article")
     path = _local_file(spec.corpus)
     if path is None:
@@ -98,8 +97,6 @@ def corpus_identity(spec: Any) -> dict[str, Any]:
     """What the index cache key records about the corpus: file content hash, Hub id, or generator settings."""
     fields = spec.fields.model_dump() if hasattr(spec, "fields") else {}
     if spec.synthetic is not None:
-        from rlkit.retrieval.synthetic import VERSION
-
         return {"synthetic": spec.synthetic, "seed": spec.seed, "generator": VERSION, "format": "multihop_rag"}
     path = _local_file(spec.corpus)
     if path is None:
@@ -111,17 +108,6 @@ def corpus_identity(spec: Any) -> dict[str, Any]:
 def byline(source: str | None, published_at: str | None) -> str:
     """"BBC News, October 5, 2023": the outlet and date the way questions name them (either may be missing)."""
     return ", ".join(part for part in (source, readable_date(published_at)) if part)
-
-
-def readable_date(value: str | None) -> str | None:
-    """An ISO 8601 timestamp written the way questions write dates ("October 5, 2023"); other text as given."""
-    if not value:
-        return value
-    try:
-        date = datetime.fromisoformat(value)
-    except ValueError:
-        return value
-    return f"{date:%B} {date.day}, {date.year}"
 
 
 def _local_file(corpus: str) -> Path | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from rlkit.retrieval.corpus import readable_date
+from rlkit.retrieval.dates import readable_date
 
 VERSION = "synthetic-news-v1"  # part of the index cache key: bump when the generated text changes
 NULL_ANSWER = "Insufficient information."

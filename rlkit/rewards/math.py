@@ -11,6 +11,9 @@ being right; ``answer_format`` is the separate reward that teaches the format. T
 import decimal
 import re
 
+from rlkit.rewards.qa import answer_tag_format
+from rlkit.rewards.text import completion_text, strip_think
+
 ANSWER_FORMAT = "#### <number>"
 """The final line rlkit asks for. The system prompt reads: "Reason step by step, then give the
 final answer on the last line in the form `#### <number>`"."""
@@ -32,25 +35,6 @@ _MARKERS = (
     re.compile(rf"\banswer\**\s*(?:is\b|:){_LEAD}({_NUMBER})", re.IGNORECASE),
 )
 _FORMAT_LINE = re.compile(rf"####[ \t]*{_NUMBER}")
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-
-
-def strip_think(text: str) -> str:
-    """The text outside ``<think>`` blocks.
-
-    Closed blocks go. A ``</think>`` left without an opening tag means the chat template pre-filled
-    ``<think>`` (Qwen3 does), so everything before it is reasoning. A ``<think>`` left without a
-    closing tag is reasoning cut off by the length limit, so everything after it goes.
-
-    >>> [strip_think(t) for t in ("<think>5?</think>#### 7", "5?</think>#### 7", "#### 7<think>5?")]
-    ['#### 7', '#### 7', '#### 7']
-    """
-    # A `<think>` after the last `</think>` is unclosed. Cutting it first also keeps the regex linear
-    # on degenerate output such as "<think>" repeated a thousand times.
-    head, closer, tail = text.rpartition("</think>")
-    text = _THINK_BLOCK.sub("", head + closer + tail.partition("<think>")[0])
-    # Any `</think>` still here had no opening tag.
-    return text.rpartition("</think>")[2]
 
 
 def normalize_number(text: str) -> str | None:
@@ -110,30 +94,6 @@ def gold_answer(gold: object) -> str | None:
     return normalize_number(str(gold))
 
 
-def completion_text(completion: object) -> str:
-    """The text a completion answers with: the string itself, or the final assistant message's content.
-
-    A conversational completion (a list of messages, possibly with tool calls and tool results)
-    answers in its final assistant message; ``reasoning_content`` and tool output are not read.
-
-    >>> completion_text([{"role": "assistant", "content": None, "tool_calls": []},
-    ...                  {"role": "tool", "content": "42"}, {"role": "assistant", "content": "#### 42"}])
-    '#### 42'
-    """
-    if isinstance(completion, str):
-        return completion
-    if not isinstance(completion, (list, tuple)):
-        return ""
-    for message in reversed(completion):
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-                parts = (part.get("text") for part in content if isinstance(part, dict))
-                return "".join(part for part in parts if isinstance(part, str))
-            return content if isinstance(content, str) else ""
-    return ""
-
-
 def gsm8k_correct(completions: list, answer: list, **kwargs) -> list[float]:
     """1.0 where the completion's final answer equals the gold number, else 0.0.
 
@@ -160,8 +120,6 @@ def answer_format(completions: list, form: str = "gsm8k", score: float | None = 
     [1.0, 0.5, 0.0]
     """
     if form == "answer_tag":
-        from rlkit.rewards.qa import answer_tag_format  # imported here: qa builds on this module
-
         return answer_tag_format(completions, score=0.5 if score is None else score)
     if form != "gsm8k":
         raise ValueError(f"answer_format: unknown form {form!r}; valid: answer_tag, gsm8k")

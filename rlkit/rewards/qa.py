@@ -22,7 +22,7 @@ import re
 import string
 from collections.abc import Sequence
 
-from rlkit.rewards.math import completion_text, strip_think
+from rlkit.rewards.text import completion_text, strip_think
 
 # No tag inside the content, which also keeps `findall` linear on degenerate output ("<answer>" * n).
 _TAGGED = re.compile(r"<answer>((?:(?!</?answer>).)*)</answer>", re.DOTALL)

@@ -1,0 +1,51 @@
+"""What a completion says: its final answer text, and that text without its ``<think>`` reasoning.
+
+Every reward reads completions through these two, so a tool result or reasoning is never scored
+as the answer.
+"""
+
+import re
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def strip_think(text: str) -> str:
+    """The text outside ``<think>`` blocks.
+
+    Closed blocks go. A ``</think>`` left without an opening tag means the chat template pre-filled
+    ``<think>`` (Qwen3 does), so everything before it is reasoning. A ``<think>`` left without a
+    closing tag is reasoning cut off by the length limit, so everything after it goes.
+
+    >>> [strip_think(t) for t in ("<think>5?</think>#### 7", "5?</think>#### 7", "#### 7<think>5?")]
+    ['#### 7', '#### 7', '#### 7']
+    """
+    # A `<think>` after the last `</think>` is unclosed. Cutting it first also keeps the regex linear
+    # on degenerate output such as "<think>" repeated a thousand times.
+    head, closer, tail = text.rpartition("</think>")
+    text = _THINK_BLOCK.sub("", head + closer + tail.partition("<think>")[0])
+    # Any `</think>` still here had no opening tag.
+    return text.rpartition("</think>")[2]
+
+
+def completion_text(completion: object) -> str:
+    """The text a completion answers with: the string itself, or the final assistant message's content.
+
+    A conversational completion (a list of messages, possibly with tool calls and tool results)
+    answers in its final assistant message; ``reasoning_content`` and tool output are not read.
+
+    >>> completion_text([{"role": "assistant", "content": None, "tool_calls": []},
+    ...                  {"role": "tool", "content": "42"}, {"role": "assistant", "content": "#### 42"}])
+    '#### 42'
+    """
+    if isinstance(completion, str):
+        return completion
+    if not isinstance(completion, (list, tuple)):
+        return ""
+    for message in reversed(completion):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+                parts = (part.get("text") for part in content if isinstance(part, dict))
+                return "".join(part for part in parts if isinstance(part, str))
+            return content if isinstance(content, str) else ""
+    return ""
