@@ -78,7 +78,7 @@ def main() -> None:
     build_seconds = time.perf_counter() - started
     chats, where = prompts()
     recipe = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", [f"model.name_or_path={SMOLLM2_MODEL}",
-                         "model.backend=hf", "model.load_in_4bit=false"], validate_trainer=False)
+                         "model.backend=hf", "model.load_in_4bit=false"])
     fast_model, tokenizer, _ = load_for_eval(recipe, None, None)
     plain_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     plain_tok = AutoTokenizer.from_pretrained(path)

@@ -48,7 +48,7 @@ def measure(attention: str) -> dict:
 
     # --smoke: the tiny model and generated data; smoke picks eager attention, sdpa is measured too.
     overrides = [f"model.attn_implementation={attention}", f"data.eval.synthetic={EPISODES}"]
-    recipe = load_recipe(RECIPE, overrides, smoke=True, validate_trainer=False)
+    recipe = load_recipe(RECIPE, overrides, smoke=True)
     rows = task_rows(recipe, "eval", load_rows(recipe.data.task, recipe.data.eval)).to_list()
     make_env = make_factory(recipe)
     model, tokenizer, _ = load_for_eval(recipe, None, None)

@@ -61,9 +61,10 @@ def train(
     wants_launch = (num_processes or 1) > 1 or num_machines > 1 or accelerate_config is not None
     if wants_launch and not launch.already_launched():
         from rlkit.recipe import load_recipe
+        from rlkit.trainers import check_trainer
 
         # A mistake in the recipe is one line here, not one traceback per rank from torchrun.
-        load_recipe(recipe, set_ or [], smoke=smoke)
+        check_trainer(load_recipe(recipe, set_ or [], smoke=smoke), source=str(recipe))
         argv = sys.argv[sys.argv.index("train") + 1:]
         code = launch.relaunch(argv, num_processes=num_processes, accelerate_config=accelerate_config,
                                num_machines=num_machines, machine_rank=machine_rank, main_process_ip=main_process_ip,
@@ -328,7 +329,7 @@ def print_retrieval(metrics: dict, ks: tuple[int, ...], title: str) -> None:
 def _retrieval_recipe(recipe: Path, overrides: list[str] | None, smoke: bool):
     from rlkit.recipe import load_recipe
 
-    spec = load_recipe(recipe, overrides or [], smoke=smoke, validate_trainer=False)
+    spec = load_recipe(recipe, overrides or [], smoke=smoke)
     if spec.retrieval is None:
         raise UserError(f"{recipe}: no `retrieval:` section")
     return spec
@@ -452,12 +453,14 @@ def recipes_validate(
 ) -> None:
     """Validate recipes (schema and TRL config) without loading any model."""
     from rlkit.recipe import load_recipe, shipped_recipes
+    from rlkit.trainers import check_trainer
 
     console = _console()
     failed = 0
     for path in paths or shipped_recipes():
         try:
             recipe = load_recipe(path, smoke=smoke)
+            check_trainer(recipe, source=str(path))
         except UserError as e:
             failed += 1
             console.print(f"[red]✗[/] {e}", highlight=False)

@@ -108,7 +108,7 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
         return out
 
     console.rule("1/4  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
-    name = load_recipe(recipe, overrides, validate_trainer=False).model.name_or_path
+    name = load_recipe(recipe, overrides).model.name_or_path
     console.print(f"{name} -> {timed('model build / cache check', lambda: resolve_model_id(name))}")
     console.rule("2/4  evaluate the base model (greedy)")
     base_dir = output_dir / "base-eval"

@@ -120,7 +120,7 @@ def resolve_target(target: str | Path, overrides: list[str] | None = None,
         resolved = apply_overrides(runs.read_resolved(target), overrides or [])
         resolved.pop("provenance", None)
         return validate(resolved, source=str(target / runs.RESOLVED)), target
-    return load_recipe(target, overrides, smoke=smoke, validate_trainer=False), None
+    return load_recipe(target, overrides, smoke=smoke), None
 
 
 def evaluate_reward_model(recipe: Any, run_dir: Path | None, model: str | None, *, limit: int | None,

@@ -15,15 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 log = logging.getLogger("rlkit")
 _TASK_TYPES = {"causal": "CAUSAL_LM", "score": "SEQ_CLS"}
 
 
-def check(recipe: Any, *, head: str = "causal") -> dict[str, Any]:
+def check(recipe: Recipe, *, head: str = "causal") -> dict[str, Any]:
     """Compare ``recipe.init_from`` with the recipe; returns the provenance of the starting adapter."""
     from rlkit import runs
     from rlkit.backends.hf import adapter_dir
@@ -62,7 +65,7 @@ def _trained_base(saved: dict[str, Any], source: dict[str, Any] | None) -> str |
     return saved.get("base_model_name_or_path")
 
 
-def _base_differences(recipe: Any, saved: dict[str, Any], source: dict[str, Any] | None) -> list[str]:
+def _base_differences(recipe: Recipe, saved: dict[str, Any], source: dict[str, Any] | None) -> list[str]:
     trained = _trained_base(saved, source)
     if trained is None:
         return []
@@ -80,7 +83,7 @@ def _model_key(name: str) -> str:
     return re.sub(r"(-unsloth)?(-bnb)?-4bit$|-unsloth$", "", last)
 
 
-def _lora_differences(recipe: Any, saved: dict[str, Any], source: dict[str, Any] | None) -> list[str]:
+def _lora_differences(recipe: Recipe, saved: dict[str, Any], source: dict[str, Any] | None) -> list[str]:
     lora = recipe.lora
     if lora is None:  # the recipe defers to the adapter
         return []

@@ -57,7 +57,7 @@ def build_pairs(
         if not overwrite:
             raise UserError(f"{out}: already exists; pass --resume to continue it or --overwrite to replace it")
         safety.check_replaceable_file(out, "--out", ("prompt", "chosen", "rejected"))
-    recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
+    recipe = load_recipe(recipe_path, overrides, smoke=smoke)
     if recipe.pairs is None:
         raise UserError(f"{recipe_path}: no `pairs:` section (prompts to sample from); see recipes/gsm8k_dpo.yaml")
     spec = recipe.pairs.model_copy(update={k: v for k, v in (("samples", samples), ("min_gap", min_gap))

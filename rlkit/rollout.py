@@ -688,9 +688,8 @@ def make_policy(recipe: Any, run_dir: Path | None, *, model: str | None = None, 
                                 temperature=temperature, timeout=timeout, max_retries=retries)
         return policy, policy.preflight()  # outputs are named after the served model, not host:port
     if backend == "vllm":
-        from rlkit.backends import hf
+        from rlkit.backends import cuda_available, hf
         from rlkit.backends.recorded import run_dir_of, trained_base
-        from rlkit.recipe import cuda_available
         from rlkit.tiny import resolve_model_id
 
         if not cuda_available():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import shlex
@@ -12,16 +13,25 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlkit import safety
+from rlkit import backends, handoff, progress, runs, safety, secrets, tracking
+from rlkit.backends import backend_request, cuda_available
+from rlkit.backends.hf import loaded_base
 from rlkit.errors import Interrupted, UserError
 from rlkit.launch import is_main_process, rank_info
+from rlkit.recipe import Recipe, load_recipe
+from rlkit.tiny import resolve_model_id
+from rlkit.trainers import BUILDERS, trainer_config
+from rlkit.vllm_serve import check_server_mode, prequantized
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 log = logging.getLogger("rlkit")
 
 
-def default_run_dir(recipe: Any, smoke: bool) -> Path:
+def default_run_dir(recipe: Recipe, smoke: bool) -> Path:
     # `name: .` would make the run directory runs/ itself (every other run inside it), `a/b` a nested one.
     if recipe.name in ("", ".", "..") or "/" in recipe.name or "\\" in recipe.name:
         raise UserError(f"name {recipe.name!r}: the run directory is runs/<name>, so the name must be a plain "
@@ -45,24 +55,21 @@ def train(
     (weights, optimizer, scheduler, RNG and data position, as transformers restores them).
     ``doctor`` runs ``rlkit doctor``'s cheap checks first and refuses a recipe they block.
     """
-    from rlkit import backends, runs
-    from rlkit.recipe import backend_request, cuda_available, load_recipe, trainer_config
-
     if resume and overwrite:
         raise UserError("--resume continues the run in the output directory and --overwrite deletes it; choose one")
-    recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
+    recipe = load_recipe(recipe_path, overrides, smoke=smoke)
     for change in recipe.smoke_changes:
         log.info("smoke: %s", change)
     backend = backends.choose(backend_request(recipe))  # before trl is imported (Unsloth's rule)
-    trainer_cfg = trainer_config(recipe, output_dir="/tmp/rlkit-validate", source=str(recipe_path), backend=backend)
-    _check_machine(recipe, trainer_cfg, backend, cuda_available())
+    run_dir = Path(output_dir) if output_dir else default_run_dir(recipe, smoke)
+    config = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=str(recipe_path), backend=backend)
+    _check_machine(recipe, config, backend, cuda_available())
     if doctor:
         _doctor(recipe, str(recipe_path))
 
     if resume and recipe.algorithm == "ppo":
         raise UserError("--resume: TRL's PPOTrainer (trl.experimental) cannot resume from a checkpoint; start again "
                         "with --overwrite, or continue from the checkpoint's adapter with --set init_from=...")
-    run_dir = Path(output_dir) if output_dir else default_run_dir(recipe, smoke)
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # to remove again on a user error
     main, world = is_main_process(), rank_info()[2]
     if resume and world > 1 and not cuda_available():
@@ -85,7 +92,7 @@ def train(
                  *(["--num-processes", str(world)] if world > 1 else []),
                  *(arg for o in overrides or [] for arg in ("--set", o))]
         try:
-            return _run(recipe, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
+            return _run(recipe, config, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
         except UserError:
             if main and not runs.checkpoints(run_dir) and (run_dir / safety.MARKER).is_file():
                 shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
@@ -95,7 +102,7 @@ def train(
             raise
 
 
-def _doctor(recipe: Any, source: str) -> None:
+def _doctor(recipe: Recipe, source: str) -> None:
     """The cheap pre-launch checks (no model, no sampling); a blocking verdict stops the run before it starts."""
     from rlkit.doctor import CHEAP, Refused, run
 
@@ -110,11 +117,7 @@ def _doctor(recipe: Any, source: str) -> None:
         raise Refused(report.summary())
 
 
-def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
-    import importlib.util
-
-    from rlkit.vllm_serve import check_server_mode, prequantized
-
+def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: bool) -> None:
     use_vllm = bool(getattr(cfg, "use_vllm", False))
     if use_vllm and not cuda:
         raise UserError("trainer.use_vllm: vLLM needs a CUDA GPU and this machine has none; "
@@ -130,12 +133,11 @@ def _check_machine(recipe: Any, cfg: Any, backend: str, cuda: bool) -> None:
         raise UserError("trainer.use_vllm: vLLM is not installed; `pip install 'rlkit[gpu]'` or set use_vllm: false")
 
 
-def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, checkpoint: Path | None,
-         resume_command: str) -> Path:
-    from rlkit import runs
-
+def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str, smoke: bool, source: str,
+         checkpoint: Path | None, resume_command: str) -> Path:
     started = time.time()
-    trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint)
+    trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint,
+                                       config=config)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
     stop = _stop_on_signal()
     trainer.add_callback(stop)
@@ -161,9 +163,7 @@ def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, che
         return run_dir
     log.info("done in %.1fs: adapter in %s", time.time() - started, run_dir / "adapter")
     _report(run_dir)
-    from rlkit.tracking import wandb_offline_dir
-
-    if (offline := wandb_offline_dir(run_dir)) and "wandb" in trainer.args.report_to:
+    if (offline := tracking.wandb_offline_dir(run_dir)) and "wandb" in trainer.args.report_to:
         log.info("W&B offline run: upload it with `wandb sync %s`", offline)
     return run_dir
 
@@ -267,20 +267,17 @@ def _stop_on_signal() -> Any:
     return StopOnSignal()
 
 
-def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: str = "<recipe>",
-                  resumed_from: Path | None = None):
-    """Everything up to ``trainer.train()``: data, TRL config, model, trainer; writes the provenance."""
-    from rlkit import backends, handoff, progress, runs, tracking
-    from rlkit.backends.hf import loaded_base
-    from rlkit.recipe import backend_request, trainer_config
-    from rlkit.tiny import resolve_model_id
-    from rlkit.trainers import builder
+def build_trainer(recipe: Recipe, run_dir: Path, *, smoke: bool = False, source: str = "<recipe>",
+                  resumed_from: Path | None = None, config: TrainingArguments | None = None):
+    """Everything up to ``trainer.train()``: data, TRL config, model, trainer; writes the provenance.
 
-    algo = builder(recipe.algorithm)
+    ``config`` is the TRL config ``rlkit train`` already built for ``run_dir``; without it it is built here.
+    """
+    algo = BUILDERS.get(recipe.algorithm)
     started_from = handoff.check(recipe, head=algo.HEAD) if recipe.init_from else None
     train_ds = algo.dataset(recipe)
-    backend_name = backends.choose(backend_request(recipe))
-    args = trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source, backend=backend_name)
+    args = config or trainer_config(recipe, output_dir=str(run_dir / "checkpoints"), source=source,
+                                    backend=backends.choose(backend_request(recipe)))
     args.run_name = args.run_name or run_dir.name
     # rlkit's checkpoint callback rotates, after marking the new checkpoint complete (see runs.checkpoint_callback).
     keep, args.save_total_limit = args.save_total_limit, None
@@ -327,12 +324,10 @@ def build_trainer(recipe: Any, run_dir: Path, *, smoke: bool = False, source: st
     return trainer, tokenizer
 
 
-def _keep_token_out_of_files(args: Any) -> None:
+def _keep_token_out_of_files(args: TrainingArguments) -> None:
     """transformers pickles the whole TrainingArguments into ``training_args.bin`` (adapter and every
     checkpoint), ``hub_token`` included. The token moves to ``HF_TOKEN``, where huggingface_hub reads it
     for a push, and is masked in logs from here on."""
-    from rlkit import secrets
-
     token = getattr(args, "hub_token", None)
     if token:
         secrets.register(token)

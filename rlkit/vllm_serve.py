@@ -23,6 +23,7 @@ Recipe -> server flags (anything else goes after the recipe and is passed on as 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shlex
@@ -32,7 +33,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
+from rlkit.backends import cuda_available
 from rlkit.errors import UserError
+from rlkit.recipe import Recipe, load_recipe
+from rlkit.tiny import resolve_model_id
+from rlkit.trainers import check_trainer
 
 log = logging.getLogger("rlkit")
 
@@ -45,23 +50,18 @@ _SERVER_FLAGS = {
 _DEFAULT_HOST, _DEFAULT_PORT = "0.0.0.0", 8000  # GRPOConfig's vllm_server_host / vllm_server_port defaults
 
 
-def server_mode(recipe: Any) -> bool:
-    """The recipe generates through a separate vLLM server (``use_vllm: true, vllm_mode: server``)."""
-    return bool(recipe.trainer.get("use_vllm")) and recipe.trainer.get("vllm_mode", "colocate") == "server"
-
-
 def prequantized(name: str) -> bool:
     """A checkpoint saved already quantized by bitsandbytes (``unsloth/Qwen3-1.7B-unsloth-bnb-4bit``,
     ``...-bnb-4bit``): 4-bit whatever ``load_in_4bit`` says."""
     return "bnb-4bit" in name.lower() or "bnb_4bit" in name.lower()
 
 
-def check_server_mode(recipe: Any, backend: str | None = None) -> None:
+def check_server_mode(recipe: Recipe, backend: str | None = None) -> None:
     """Refuse what TRL 1.12's server mode cannot train: a 4-bit base, or Unsloth's colocated engine.
 
     ``backend`` is the one the run will use (``hf`` or ``unsloth``); None: the recipe's request.
     """
-    if not server_mode(recipe):
+    if not recipe.vllm_server_mode:
         return
     if recipe.model.load_in_4bit or prequantized(recipe.model.name_or_path):
         # Merging LoRA into a bitsandbytes 4-bit base keeps it packed in 4 bits, and the server expects 16-bit
@@ -86,15 +86,13 @@ def server_address(trainer: dict[str, Any]) -> tuple[str, int]:
     return str(trainer.get("vllm_server_host", _DEFAULT_HOST)), int(trainer.get("vllm_server_port", _DEFAULT_PORT))
 
 
-def serve_command(recipe: Any, extra_args: Sequence[str] = ()) -> list[str]:
+def serve_command(recipe: Recipe, extra_args: Sequence[str] = ()) -> list[str]:
     """The ``trl vllm-serve`` command (as ``python -m trl.scripts.vllm_serve``) for ``recipe``'s model.
 
     ``extra_args`` come last: a ``trl vllm-serve`` flag given again there wins (argparse keeps the last), and
     flags it does not know go on to ``vllm serve``.
     """
-    from rlkit.tiny import resolve_model_id
-
-    if not server_mode(recipe):
+    if not recipe.vllm_server_mode:
         raise UserError("the recipe does not generate with a vLLM server; set trainer.use_vllm: true and "
                         "trainer.vllm_mode: server (or --set trainer.use_vllm=true --set trainer.vllm_mode=server)")
     check_server_mode(recipe)
@@ -114,11 +112,8 @@ def serve_command(recipe: Any, extra_args: Sequence[str] = ()) -> list[str]:
 def serve(recipe_path: str | Path, overrides: Sequence[str] = (), smoke: bool = False,
           extra_args: Sequence[str] = ()) -> NoReturn:
     """Check the machine, then replace this process with the server (it runs until stopped)."""
-    import importlib.util
-
-    from rlkit.recipe import cuda_available, load_recipe
-
     recipe = load_recipe(recipe_path, list(overrides), smoke=smoke)
+    check_trainer(recipe, source=str(recipe_path))
     cmd = serve_command(recipe, extra_args)
     if importlib.util.find_spec("vllm") is None:
         raise UserError("vllm-serve: vLLM is not installed; on the GPU machine `pip install 'rlkit[gpu]'`")

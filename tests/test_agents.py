@@ -22,8 +22,7 @@ def test_grpo_with_calculator_masks_exactly_the_tool_result_and_rewards_reach_th
     """Scripted generation: each completion calls the calculator, then answers; half the answers are right."""
     from rlkit.train import build_trainer
 
-    recipe = load_recipe(CALCULATOR, ["trainer.max_steps=2", "trainer.learning_rate=1e-2"], smoke=True,
-                         validate_trainer=False)
+    recipe = load_recipe(CALCULATOR, ["trainer.max_steps=2", "trainer.learning_rate=1e-2"], smoke=True)
     trainer, tok = build_trainer(recipe, tmp_path, smoke=True)
     golds = _golds(32, seed=0)
     script = {"turns": 0}
@@ -351,7 +350,6 @@ def test_a_tool_timeout_ends_the_episode_and_async_rewards_keep_their_kind(tmp_p
     # An async first reward stays async (TRL awaits it); the env metrics ride on the first sync one.
     (tmp_path / "judge_rewards.py").write_text("async def judge(completions, **kwargs):\n    return [0.0] * len(completions)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    recipe = load_recipe(CALCULATOR, ["rewards=[{name: 'judge_rewards:judge'}, {name: gsm8k_correct}]"], smoke=True,
-                         validate_trainer=False)
+    recipe = load_recipe(CALCULATOR, ["rewards=[{name: 'judge_rewards:judge'}, {name: gsm8k_correct}]"], smoke=True)
     judge, correct = reward_functions(recipe)
     assert inspect.iscoroutinefunction(judge) and isinstance(correct, LogEnvMetrics)

@@ -183,8 +183,9 @@ def test_a_few_too_long_prompts_are_dropped_with_a_warning_not_an_error(tmp_path
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from rlkit.recipe import load_recipe, trainer_config
+    from rlkit.recipe import load_recipe
     from rlkit.tiny import tiny_model_path
+    from rlkit.trainers import trainer_config
     from rlkit.trainers.grpo import fit_context
 
     recipe = load_recipe(GRPO, smoke=True)

@@ -50,7 +50,7 @@ def user_recipe(tmp_path):
 
 
 def test_a_qa_file_with_its_own_column_names_loads_through_data_columns(user_recipe, tmp_path):
-    recipe = load_recipe(user_recipe, validate_trainer=False)
+    recipe = load_recipe(user_recipe)
     rows = task_rows(recipe, "eval", load_rows("qa", recipe.data.eval)).to_list()
     assert [(r["id"], r["answer"], r["aliases"], r["question_type"], r["supporting_ids"]) for r in rows] == [
         ("q1", "Avery County", ["Avery"], "bridge", ["p-1"]), ("q2", "United Kingdom", ["UK", "England"], "bridge",
@@ -61,7 +61,7 @@ def test_a_qa_file_with_its_own_column_names_loads_through_data_columns(user_rec
     # Per-split columns (`data.eval.columns`) are accepted too; mistakes are one line naming the fix.
     (tmp_path / "other.jsonl").write_text('{"prompt_text": "Q?", "ans": "A"}\n')
     split = load_recipe(user_recipe, [f"data.eval={{path: {tmp_path / 'other.jsonl'}, columns: "
-                                      "{question: prompt_text, answer: ans}}"], validate_trainer=False)
+                                      "{question: prompt_text, answer: ans}}"])
     assert load_rows("qa", split.data.eval)["question"] == ["Q?"]
     cases = [
         (["data.columns.questoin=q"], "data.columns.questoin: not a column of task 'qa' (did you mean 'question'?)"),
@@ -70,18 +70,18 @@ def test_a_qa_file_with_its_own_column_names_loads_through_data_columns(user_rec
     ]
     for overrides, expected in cases:
         with pytest.raises(UserError) as e:
-            recipe = load_recipe(user_recipe, overrides, validate_trainer=False)
+            recipe = load_recipe(user_recipe, overrides)
             load_rows("qa", recipe.data.eval)
         assert expected in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(UserError, match="data.columns.question: task 'gsm8k' maps no columns"):
-        load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["data.columns={question: q}"], validate_trainer=False)
+        load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["data.columns={question: q}"])
 
 
 def test_data_prompt_takes_a_name_a_file_or_the_text(user_recipe, tmp_path, monkeypatch):
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
 
     def system(value):
-        recipe = load_recipe(user_recipe, [f"data.prompt={value}"], validate_trainer=False)
+        recipe = load_recipe(user_recipe, [f"data.prompt={value}"])
         return task_rows(recipe, "grpo", load_rows("qa", recipe.data.train))[0]["prompt"][0]["content"]
 
     assert system("closed_book").startswith("Answer the question briefly")
@@ -91,11 +91,11 @@ def test_data_prompt_takes_a_name_a_file_or_the_text(user_recipe, tmp_path, monk
     for value, expected in [("thinkng", "task 'qa' has no prompt 'thinkng' (did you mean 'thinking'?)"),
                             (str(tmp_path / "none.txt"), "data.prompt: no such prompt file")]:
         with pytest.raises(UserError) as e:
-            load_recipe(user_recipe, [f"data.prompt={value}"], validate_trainer=False)
+            load_recipe(user_recipe, [f"data.prompt={value}"])
         assert expected in str(e.value) and "\n" not in str(e.value)
     # MultiHop-RAG, now a preset of qa, keeps its news prompt and also takes text.
     multihop = load_recipe(recipes_dir() / "multihop_rag_grpo.yaml", ["data.prompt='Be brief, use search.'"],
-                           smoke=True, validate_trainer=False)
+                           smoke=True)
     assert task_rows(multihop, "grpo", load_rows("multihop_rag", multihop.data.train))[0]["prompt"][0][
         "content"] == "Be brief, use search."
     from rlkit.data.multihop_rag import search_tool_schemas
@@ -129,7 +129,7 @@ def test_aliases_and_a_success_rule_a_wrong_answer_cannot_pass():
     Recipe.data.task, Recipe.data.success = "multihop_rag", None
     assert success_rule(Recipe)(wrong) is False  # the preset no longer counts a shared word as a success
     with pytest.raises(UserError, match=r"data.success: String should match pattern"):
-        load_recipe(EXAMPLE, ["data.success=f1>0.8"], validate_trainer=False)
+        load_recipe(EXAMPLE, ["data.success=f1>0.8"])
 
 
 def test_index_eval_matches_by_id_where_titles_repeat():

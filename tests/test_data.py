@@ -103,8 +103,7 @@ def test_on_policy_prompts_use_the_recipes_prompt_variant():
     from rlkit.recipe import load_recipe, recipes_dir
 
     recipe = load_recipe(recipes_dir() / "gsm8k_dpo.yaml",
-                         ["data.prompt=short", "pairs.prompts={synthetic: 3, seed: 0}"], smoke=True,
-                         validate_trainer=False)
+                         ["data.prompt=short", "pairs.prompts={synthetic: 3, seed: 0}"], smoke=True)
     sampled = load_prompt_rows(recipe, recipe.pairs.prompts)["prompt"]
     trained = task_rows(recipe, "grpo", load_rows("gsm8k", recipe.pairs.prompts))["prompt"]
     assert sampled == trained and len(sampled[0]) > 2  # the `short` prompt's worked turns are there
@@ -117,7 +116,7 @@ def test_set_applies_to_a_run_directorys_recorded_recipe(tmp_path):
     from rlkit.evaluate import resolve_target
     from rlkit.recipe import load_recipe, recipes_dir
 
-    recipe = load_recipe(recipes_dir() / "smol_arith_grpo.yaml", validate_trainer=False)
+    recipe = load_recipe(recipes_dir() / "smol_arith_grpo.yaml")
     (tmp_path / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True)))
     plain, run = resolve_target(tmp_path)
     asked, _ = resolve_target(tmp_path, ["data.eval.seed=777", "data.eval.generator.wording=other"])

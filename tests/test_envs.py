@@ -270,7 +270,7 @@ def factory_kwargs(recipe):
 
 @pytest.fixture
 def sleepy(monkeypatch):
-    monkeypatch.setitem(ENVS, "sleepy", f"{__name__}:SleepyEnv")
+    monkeypatch.setitem(ENVS, "sleepy", SleepyEnv)
     return "sleepy"
 
 

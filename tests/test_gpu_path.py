@@ -16,8 +16,9 @@ import yaml
 
 from rlkit.backends import hf
 from rlkit.errors import UserError
-from rlkit.recipe import ModelSpec, load_recipe, recipes_dir, trainer_config
+from rlkit.recipe import ModelSpec, load_recipe, recipes_dir
 from rlkit.tiny import TINY_MODEL, resolve_model_id
+from rlkit.trainers import trainer_config
 
 ROOT = Path(__file__).resolve().parent.parent
 QLORA = ["model.load_in_4bit=true", "model.dtype=float32", "trainer.learning_rate=2e-2", "trainer.max_steps=1",
@@ -85,7 +86,7 @@ def test_eval_loads_the_adapter_on_the_recorded_base(swapped_run):
     from rlkit.evaluate import _base_plus_adapter
 
     run, prequantized = swapped_run
-    recipe = load_recipe(recipes_dir() / "gsm8k_sft.yaml", QLORA, smoke=True, validate_trainer=False)
+    recipe = load_recipe(recipes_dir() / "gsm8k_sft.yaml", QLORA, smoke=True)
     model, _ = _base_plus_adapter(recipe, run / "adapter")
     assert model.config._name_or_path == str(prequantized)
     assert any("Linear4bit" in type(m).__name__ for m in model.modules())
@@ -153,7 +154,7 @@ def test_unsloth_gets_the_resolved_model_dtype_attention_and_modules_to_save():
 
 
 def grpo(*overrides):
-    return load_recipe(recipes_dir() / "gsm8k_grpo.yaml", list(overrides), smoke=True, validate_trainer=False)
+    return load_recipe(recipes_dir() / "gsm8k_grpo.yaml", list(overrides), smoke=True)
 
 
 def test_vllm_gets_the_recipes_context_length():
@@ -194,7 +195,7 @@ def unsloth_like(base):
 @pytest.mark.parametrize("algorithm", ["sft", "dpo", "reward", "ppo", "grpo"])
 def test_pinned_defaults_are_trls_own(algorithm):
     from rlkit.backends.trl_config import trl_defaults
-    from rlkit.recipe import config_class
+    from rlkit.trainers import config_class
 
     cls = config_class(algorithm)
     pinned = trl_defaults(cls) | {"use_cpu": True, "bf16": False}
@@ -258,12 +259,12 @@ def test_an_overlong_conversation_ends_its_episode_alone(tiny_model_dir):
 
 
 def test_pre_ampere_gpus_train_in_fp16_unless_the_recipe_says():
-    from rlkit.recipe import device_defaults
+    from rlkit.trainers import device_defaults
 
-    recipe = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", validate_trainer=False)  # --smoke sets bf16 itself
+    recipe = load_recipe(recipes_dir() / "gsm8k_grpo.yaml")  # --smoke sets bf16 itself
     assert device_defaults(recipe, cuda=True, bf16_supported=False) == {"bf16": False, "fp16": True}
     assert device_defaults(recipe, cuda=True, bf16_supported=True) == {}
-    explicit = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["trainer.bf16=false"], validate_trainer=False)
+    explicit = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["trainer.bf16=false"])
     assert device_defaults(explicit, cuda=True, bf16_supported=False) == {}
     assert device_defaults(recipe, cuda=False) == {"use_cpu": True, "bf16": False}
 

@@ -20,8 +20,7 @@ def sft_run(tmp_path_factory):
 
 
 def recipe(name, sft_run, *overrides):
-    return load_recipe(recipes_dir() / f"{name}.yaml", [f"init_from={sft_run}", *overrides], smoke=True,
-                       validate_trainer=False)
+    return load_recipe(recipes_dir() / f"{name}.yaml", [f"init_from={sft_run}", *overrides], smoke=True)
 
 
 MISMATCHES = [

@@ -11,13 +11,14 @@ from rlkit.errors import UserError
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import answer_format, gsm8k_correct
 from rlkit.train import build_trainer, train
+from rlkit.trainers import check_trainer
 from tests.test_train import VARIED_REWARD, snapshot
 
 PPO = recipes_dir() / "gsm8k_ppo.yaml"
 
 
 def ppo_recipe(*overrides):
-    return load_recipe(PPO, list(overrides), smoke=True, validate_trainer=False)
+    return load_recipe(PPO, list(overrides), smoke=True)
 
 
 @pytest.fixture()
@@ -155,11 +156,11 @@ def test_ppo_needs_exactly_one_reward_source(tmp_path):
         load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["reward_model=x"], smoke=True)
     with pytest.raises(UserError, match="unsloth does not support ppo"):
         ppo_recipe("model.backend=unsloth")
-    # Batch arithmetic PPOTrainer would only reject after loading three models is refused at load time.
+    # Batch arithmetic PPOTrainer would only reject after loading three models is refused with the TRL config.
     with pytest.raises(UserError, match=r"trainer.num_mini_batches: 3 does not divide .* = 4\)"):
-        load_recipe(PPO, ["trainer.num_mini_batches=3"], smoke=True)
+        check_trainer(load_recipe(PPO, ["trainer.num_mini_batches=3"], smoke=True))
     with pytest.raises(UserError, match="whiten_rewards needs at least 8 samples per mini-batch, got 4"):
-        load_recipe(PPO, ["trainer.whiten_rewards=true"], smoke=True)
+        check_trainer(load_recipe(PPO, ["trainer.whiten_rewards=true"], smoke=True))
 
 
 def test_reward_run_evaluates_as_pairwise_accuracy(reward_run, tmp_path):

@@ -1,9 +1,13 @@
 """Recipe loading: strict schema, TRL-validated trainer block, overrides, one-line user errors."""
 
+import subprocess
+import sys
+
 import pytest
 
 from rlkit.errors import UserError
 from rlkit.recipe import apply_overrides, load_recipe, shipped_recipes
+from rlkit.trainers import check_trainer
 
 GOOD = """\
 name: t
@@ -22,8 +26,10 @@ def write(tmp_path, text, name="r.yaml"):
 
 
 def error_of(tmp_path, text, overrides=None):
+    """The one-line error of loading the recipe and building its TRL config (what `rlkit train` does first)."""
+    path = write(tmp_path, text)
     with pytest.raises(UserError) as info:
-        load_recipe(write(tmp_path, text), overrides)
+        check_trainer(load_recipe(path, overrides), source=str(path))
     message = str(info.value)
     assert "\n" not in message  # one line
     return message
@@ -32,6 +38,7 @@ def error_of(tmp_path, text, overrides=None):
 def test_good_recipe_builds_trl_config(tmp_path):
     recipe = load_recipe(write(tmp_path, GOOD))
     assert recipe.algorithm == "grpo" and recipe.rewards[0].weight == 1.0
+    assert check_trainer(recipe).num_generations == 4
     # `5e-6` is a string to PyYAML; rlkit reads it as the number everyone means.
     assert recipe.trainer["learning_rate"] == pytest.approx(5e-6)
 
@@ -107,4 +114,14 @@ def test_shipped_recipes_validate_as_is_and_in_smoke_mode(path):
     recipe = load_recipe(path)
     assert recipe.name == path.stem
     assert path.read_text().startswith("#"), "every recipe opens with a comment header"
-    load_recipe(path, smoke=True)
+    check_trainer(recipe, source=str(path))
+    check_trainer(load_recipe(path, smoke=True), source=str(path))
+
+
+def test_loading_a_recipe_imports_no_training_stack():
+    """Eval, chat, index and `recipes list` load recipes: that must not pay for (or fail on) torch, trl or Unsloth."""
+    probe = ("import sys\nfrom rlkit.recipe import load_recipe, recipes_dir\n"
+             "load_recipe(recipes_dir() / 'gsm8k_grpo.yaml', smoke=True)\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'trl', 'unsloth', 'peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr

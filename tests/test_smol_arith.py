@@ -79,11 +79,11 @@ def test_demo_eval_sets_are_valid_overrides_of_the_shipped_recipe(tmp_path):
     assert len(sets) == 3 and len(eval_sets(None)) == 2
     assert len({slug for _, slug, _ in sets}) == 3  # one results file per set
     recipe = recipes_dir() / "smol_arith_grpo.yaml"
-    base = load_recipe(recipe, [], validate_trainer=False)
+    base = load_recipe(recipe, [])
     assert base.data.eval.generator.get("wording", "classic") == "classic"
-    other = load_recipe(recipe, sets[1][2], validate_trainer=False)
+    other = load_recipe(recipe, sets[1][2])
     assert other.data.eval.generator["wording"] == "other" and other.data.eval.seed != base.data.eval.seed
-    real = load_recipe(recipe, sets[2][2], validate_trainer=False)
+    real = load_recipe(recipe, sets[2][2])
     assert real.data.eval.path == str(gsm) and real.data.eval.synthetic is None
     # the held-out problems are other draws: 2 of the 100 repeat a training question word for word
     train = set(gsm8k.generate(base.data.train.synthetic, seed=base.data.train.seed, **base.data.train.generator)["question"])

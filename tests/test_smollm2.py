@@ -124,7 +124,7 @@ def _smollm2_calculator_recipe(**extra):
         "trainer.gradient_checkpointing": "false",
         "trainer.gradient_accumulation_steps": "1", "trainer.max_completion_length": "96",
         "trainer.optim": "adamw_torch", "trainer.logging_steps": "1", "trainer.save_steps": "2", **extra}
-    return load_recipe(CALCULATOR, [f"{k}={v}" for k, v in overrides.items()], validate_trainer=False)
+    return load_recipe(CALCULATOR, [f"{k}={v}" for k, v in overrides.items()])
 
 
 @pytest.mark.slow  # two real GRPO steps of a 135M model on CPU (~200 s on a shared 2-core machine)

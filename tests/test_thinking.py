@@ -41,7 +41,7 @@ def test_thinking_recipes_pass_enable_thinking_to_trl_and_prompt_for_short_think
     for name, task_prompt in (("thinking_short_cot", "Think briefly"), ("gsm8k_thinking_short_cot", "Think briefly")):
         recipe = load_recipe(recipes_dir() / f"{name}.yaml", smoke=True)
         assert recipe.model.chat_template_kwargs == {"enable_thinking": True}
-        from rlkit.recipe import trainer_config
+        from rlkit.trainers import trainer_config
 
         config = trainer_config(recipe, output_dir="/tmp/rlkit-thinking")
         assert config.chat_template_kwargs == {"enable_thinking": True}

@@ -36,7 +36,7 @@ def assert_lora_changed_base_frozen(before, model):
 
 
 def run_two_steps(recipe_path, tmp_path, overrides):
-    recipe = load_recipe(recipe_path, ["trainer.learning_rate=1e-2", *overrides], smoke=True, validate_trainer=False)
+    recipe = load_recipe(recipe_path, ["trainer.learning_rate=1e-2", *overrides], smoke=True)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     trainer, _ = build_trainer(recipe, run_dir, smoke=True)

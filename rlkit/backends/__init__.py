@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
+from rlkit.cache import cache_dir
 from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 log = logging.getLogger("rlkit")
 _chosen: dict[str, str] = {}
@@ -27,9 +32,7 @@ def choose(requested: str, *, cuda: bool | None = None) -> str:
     if requested in _chosen:
         return _chosen[requested]
     if cuda is None:
-        import torch
-
-        cuda = torch.cuda.is_available()
+        cuda = cuda_available()
     has_unsloth = importlib.util.find_spec("unsloth") is not None
     if requested == "unsloth":
         if not cuda:
@@ -68,14 +71,30 @@ def prepare_unsloth_env() -> None:
     the command runs in (and imports it from there): keep it in rlkit's cache instead. A location the
     user set wins.
     """
-    import os
-
-    from rlkit.cache import cache_dir
-
     os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(cache_dir() / "unsloth_compiled_cache"))
 
 
-def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0, head: str = "causal") -> tuple[Any, Any, Any, str]:
+def backend_request(recipe: Recipe) -> str:
+    """The backend to ask :func:`choose` for: the recipe's, except that reward and PPO runs always use hf.
+
+    Unsloth patches SFT, DPO and GRPO; TRL's RewardTrainer and experimental PPOTrainer take plain
+    transformers models (sequence-classification heads for reward and value), so ``auto`` means hf there
+    (and loading refused ``unsloth``).
+    """
+    if recipe.algorithm in ("reward", "ppo"):
+        return "hf"
+    if recipe.vllm_server_mode and recipe.model.backend == "auto":
+        return "hf"  # Unsloth generates with its own colocated engine, never a vLLM server
+    return recipe.model.backend
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def load(recipe: Recipe, *, use_vllm: bool = False, seed: int = 0, head: str = "causal") -> tuple[Any, Any, Any, str]:
     """Load the recipe's model for training: ``(model, tokenizer, peft_config_or_None, backend)``.
 
     On hf the LoRA is added by TRL from ``peft_config``; on Unsloth the model comes back already
@@ -83,8 +102,6 @@ def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0, head: str = "cau
     saved adapter comes back loaded and trainable (after :func:`rlkit.handoff.check` has compared it
     with the recipe), and ``peft_config`` is None.
     """
-    from rlkit.recipe import backend_request
-
     backend = choose(backend_request(recipe))
     if backend == "unsloth":
         from rlkit.backends import unsloth

@@ -1,42 +1,85 @@
 """Task datasets. A task module turns rows of one format into trainer-ready datasets.
 
-Each task module provides ``load(source)`` (Hub id or local file), ``generate(n, seed)`` (a seeded
-generator in the same format, for smoke runs and the demo), and the row builders the algorithms
-need (``sft_rows``, ``grpo_rows``). Tasks with a checkable answer also provide ``eval_rows`` and
-``score``.
+Every task provides ``load(source)`` (Hub id or local file, :class:`Task`). Most also provide
+``generate(n, seed)`` (a seeded generator in the same format, for smoke runs and the demo,
+:class:`Generates`) and the row builders the algorithms need (``sft_rows``, ``grpo_rows``); tasks
+with a checkable answer also provide ``eval_rows`` and ``score``; pairs come from ``preference_rows``
+(:class:`Paired`), sampling prompts from ``prompt_rows`` (:class:`Sampled`), and named system prompts
+from ``PROMPTS`` (:class:`Prompted`).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import re
+from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from rlkit.data import gsm8k, hh_rlhf, multihop_rag, preference, qa, sft
 from rlkit.errors import UserError
+from rlkit.registry import Registry, did_you_mean
 
-# name -> module; imported lazily so `rlkit --help` stays cheap.
-TASKS = {
-    "gsm8k": "rlkit.data.gsm8k",
-    "sft": "rlkit.data.sft",
-    "preference": "rlkit.data.preference",
-    "hh_rlhf": "rlkit.data.hh_rlhf",
-    "multihop_rag": "rlkit.data.multihop_rag",
-    "qa": "rlkit.data.qa",
-}
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from rlkit.recipe import DataSource, Recipe
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What every task provides: its rows from a Hub id or a local file."""
+
+    def load(self, source: DataSource) -> Dataset: ...
+
+
+@runtime_checkable
+class Generates(Task, Protocol):
+    """A task with a seeded generator in its own format (``data.train: {synthetic: N}``)."""
+
+    def generate(self, n: int, seed: int = 0) -> Dataset: ...
+
+
+@runtime_checkable
+class Prompted(Task, Protocol):
+    """A task whose rows are built under a named system prompt (``data.prompt``)."""
+
+    PROMPTS: dict[str, Any]
+
+
+@runtime_checkable
+class Paired(Task, Protocol):
+    """A task that yields preference pairs (``prompt``/``chosen``/``rejected``) for dpo and reward."""
+
+    def preference_rows(self, ds: Dataset) -> Dataset: ...
+
+
+@runtime_checkable
+class Sampled(Task, Protocol):
+    """A task with prompts to sample from (PPO, ``rlkit pairs``)."""
+
+    def prompt_rows(self, ds: Dataset, prompt: str = ...) -> Dataset: ...
+
+
+TASKS: Registry[ModuleType] = Registry("task", {
+    "gsm8k": gsm8k,
+    "sft": sft,
+    "preference": preference,
+    "hh_rlhf": hh_rlhf,
+    "multihop_rag": multihop_rag,
+    "qa": qa,
+})
 
 
 def get_task(name: str) -> ModuleType:
-    if name not in TASKS:
-        raise UserError(f"unknown task {name!r}; valid: {', '.join(sorted(TASKS))}")
-    return importlib.import_module(TASKS[name])
+    return TASKS.get(name)
 
 
-def load_rows(task_name: str, source: Any):
+def load_rows(task_name: str, source: DataSource):
     """Rows for a recipe's ``DataSource``: generated, or loaded and checked by the task."""
     task = get_task(task_name)
     if source.synthetic is not None:
-        if not hasattr(task, "generate"):
+        if not isinstance(task, Generates):
             raise UserError(f"task {task_name!r} has no generator; give `path:` instead of `synthetic:`")
         try:
             inspect.signature(task.generate).bind(source.synthetic, seed=source.seed, **source.generator)
@@ -48,7 +91,7 @@ def load_rows(task_name: str, source: Any):
     return _limited(ds, source)
 
 
-def _limited(ds, source: Any):
+def _limited(ds, source: DataSource):
     if source.limit is not None and len(ds) > source.limit:
         ds = ds.select(range(source.limit))
     if len(ds) == 0:
@@ -56,21 +99,19 @@ def _limited(ds, source: Any):
     return ds
 
 
-def task_rows(recipe: Any, kind: str, ds):
+def task_rows(recipe: Recipe, kind: str, ds):
     """The task's ``{kind}_rows`` of ``ds`` (grpo, sft, eval), built with the recipe's prompt variant."""
     task = get_task(recipe.data.task)
     build = getattr(task, f"{kind}_rows", None)
     if build is None:
         raise UserError(f"task {recipe.data.task!r} has no {kind} rows")
-    return build(ds, prompt=resolve_prompt(task, recipe.data.prompt)) if hasattr(task, "PROMPTS") else build(ds)
+    return build(ds, prompt=resolve_prompt(task, recipe.data.prompt)) if isinstance(task, Prompted) else build(ds)
 
 
 def resolve_prompt(task: ModuleType, value: str) -> str:
     """``data.prompt``: a name in the task's ``PROMPTS`` stays a name; for tasks with ``CUSTOM_PROMPTS`` a
     file's contents or the text itself (anything with a space) is the system prompt."""
-    from pathlib import Path
-
-    prompts = getattr(task, "PROMPTS", {})
+    prompts = task.PROMPTS if isinstance(task, Prompted) else {}
     if value in prompts or not getattr(task, "CUSTOM_PROMPTS", False):
         return value
     path = Path(value).expanduser()
@@ -83,19 +124,14 @@ def resolve_prompt(task: ModuleType, value: str) -> str:
         return value
     if path.suffix in (".txt", ".md", ".jinja") or "/" in value:
         raise UserError(f"data.prompt: no such prompt file {value}")
-    import difflib
-
-    close = difflib.get_close_matches(value, prompts, n=1, cutoff=0.6)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    hint = did_you_mean(value, prompts)
     name = task.__name__.rpartition(".")[2]
     raise UserError(f"data.prompt: task {name!r} has no prompt {value!r}{hint}; give one of {', '.join(prompts)}, "
                     "a prompt file, or the prompt text itself")
 
 
-def success_rule(recipe: Any) -> Any:
+def success_rule(recipe: Recipe) -> Any:
     """``metrics -> bool`` for ``data.success`` (em | f1>=X | accuracy | task), default the task's rule."""
-    import re
-
     rule = recipe.data.success
     task = get_task(recipe.data.task)
     if rule is None or rule == "task":
@@ -108,11 +144,11 @@ def success_rule(recipe: Any) -> Any:
     return lambda metrics: (metrics.get("f1") or 0.0) >= threshold
 
 
-def load_preference_rows(task_name: str, source: Any):
+def load_preference_rows(task_name: str, source: DataSource):
     """Pairs for dpo/reward: a pairs file (``prompt``/``chosen``/``rejected``, any task), the task's own
     preference format, or the task's generator turned into pairs."""
     task = get_task(task_name)
-    if not hasattr(task, "preference_rows"):
+    if not isinstance(task, Paired):
         raise UserError(f"task {task_name!r} has no preference pairs; use `task: preference` (prompt/chosen/"
                         "rejected files) or `task: hh_rlhf`")
     if source.synthetic is None and hasattr(task, "load_preference"):
@@ -120,16 +156,16 @@ def load_preference_rows(task_name: str, source: Any):
     return task.preference_rows(load_rows(task_name, source))
 
 
-def load_prompt_rows(recipe: Any, source: Any):
+def load_prompt_rows(recipe: Recipe, source: DataSource):
     """Prompts (and gold answers, where the task has them) for on-policy sampling: PPO, ``rlkit pairs``.
 
     Built with the recipe's ``data.prompt`` like its train and eval rows: samples drawn under another system
     prompt would teach the model answers to prompts it never sees.
     """
     task = get_task(recipe.data.task)
-    if not hasattr(task, "prompt_rows"):
+    if not isinstance(task, Sampled):
         raise UserError(f"task {recipe.data.task!r} has no prompts to sample from")
     ds = load_rows(recipe.data.task, source)
-    if hasattr(task, "PROMPTS"):
+    if isinstance(task, Prompted):
         return task.prompt_rows(ds, prompt=resolve_prompt(task, recipe.data.prompt))
     return task.prompt_rows(ds)

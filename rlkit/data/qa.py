@@ -159,8 +159,8 @@ def score(completions: list, rows) -> list[float]:
 
 def episode_metrics(completion: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, float]:
     """EM, F1 and accuracy of an episode's final answer against the best of the gold answer and its aliases."""
-    from rlkit.rewards.text import completion_text
     from rlkit.rewards.qa import qa_scores
+    from rlkit.rewards.text import completion_text
 
     return qa_scores(completion_text(completion), row["answer"], row.get("aliases") or ())
 

@@ -98,7 +98,7 @@ class Context:
     def config(self) -> tuple[Any, str | None]:
         """(TRL config, None) or (None, the one-line reason TRL refused it)."""
         from rlkit.errors import UserError
-        from rlkit.recipe import trainer_config
+        from rlkit.trainers import trainer_config
 
         def build():
             try:
@@ -115,7 +115,7 @@ class Context:
             return getattr(cfg, key, default)
         if key in self.recipe.trainer:
             return self.recipe.trainer[key]
-        from rlkit.recipe import config_class
+        from rlkit.trainers import config_class
 
         fields = {f.name: f for f in dataclasses.fields(config_class(self.recipe.algorithm))}
         field = fields.get(key)
@@ -200,7 +200,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, smoke: b
 
     source = str(recipe_path)
     if recipe is None:
-        recipe = load_recipe(recipe_path, overrides, smoke=smoke, validate_trainer=False)
+        recipe = load_recipe(recipe_path, overrides, smoke=smoke)
     ctx = Context(recipe, source, limit=limit, smoke=smoke, before_training=before_training)
     report = Report(recipe=source, checks=[])
     for family in families:

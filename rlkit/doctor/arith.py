@@ -124,7 +124,7 @@ _GPU_BENCH_LAYERS = {(1024, 28): "qwen3-0.6b-sized", (2048, 28): "qwen3-1.7b-siz
 
 
 def _time(ctx: Context, cfg: Any, tokens: int, steps: int) -> Check:
-    from rlkit.recipe import cuda_available
+    from rlkit.backends import cuda_available
 
     figures = bench_figures()
     if ctx.smoke and not cuda_available() and "grpo: rlkit / TRL script wall time" in figures:

@@ -288,7 +288,7 @@ def checks(ctx: Context, gpu: str | None) -> tuple[list[Check], dict[str, list[d
             f"{plan.prompt_tokens + plan.completion_tokens} tokens"
             + (f", vLLM ({plan.vllm}) {plan.vllm_share:g} of the GPU" if plan.vllm else ""))
     if gpu is None:
-        from rlkit.recipe import cuda_available
+        from rlkit.backends import cuda_available
 
         if not cuda_available():
             return [Check(F, "plan", "skip", f"{what}: needs ~{est['total']:.1f} GiB; no --gpu given and no CUDA "

@@ -1,20 +1,16 @@
 """Tool environments by name, and the helpers the GRPO trainer and rlkit's rollout engine share.
 
-An environment follows TRL's ``environment_factory`` contract: the factory is called with no
-arguments, one instance serves a rollout at a time and is reused after ``reset(**row)``, and every
+An environment follows TRL's ``environment_factory`` contract (:class:`Env`): the factory is called with
+no arguments, one instance serves a rollout at a time and is reused after ``reset(**row)``, and every
 public method other than ``reset`` and ``get_reward`` is a tool (typed, with a Google-style
 docstring). :func:`tools_of` and :func:`call_tool` apply TRL's rules, so a model evaluated with
 rlkit's rollout engine sees the same tools and the same tool-result text as in training.
-
-``ENVS`` holds import strings, so listing the registry (``rlkit --help``) imports no environment.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import difflib
 import functools
-import importlib
 import inspect
 import json
 import sys
@@ -22,28 +18,30 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from rlkit.envs.calculator import CalculatorEnv
+from rlkit.envs.retrieval import RetrievalEnv
 from rlkit.errors import UserError
+from rlkit.registry import Registry, did_you_mean
 
 if TYPE_CHECKING:
     from rlkit.recipe import Recipe
 
-ENVS = {
-    "calculator": "rlkit.envs.calculator:CalculatorEnv",
-    "retrieval": "rlkit.envs.retrieval:RetrievalEnv",
-}
+
+class Env(Protocol):
+    """One rollout's environment: ``reset`` with the dataset row, then its tools (its other public methods)."""
+
+    def reset(self, **row: Any) -> Any: ...
+
+
+ENVS: Registry[type[Env]] = Registry("environment", {"calculator": CalculatorEnv, "retrieval": RetrievalEnv})
 _NOT_TOOLS = ("reset", "get_reward")  # the public methods TRL does not expose as tools
 
 
-def env_class(name: str) -> type:
+def env_class(name: str) -> type[Env]:
     """The environment class registered as ``name``."""
-    if name not in ENVS:
-        close = difflib.get_close_matches(name, ENVS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UserError(f"unknown environment {name!r}{hint}; valid: {', '.join(sorted(ENVS))}")
-    module, _, attribute = ENVS[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    return ENVS.get(name)
 
 
 def check_env_args(name: str, args: dict[str, Any]) -> None:
@@ -54,9 +52,7 @@ def check_env_args(name: str, args: dict[str, Any]) -> None:
     valid = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in args:
         if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UserError(f"env.args.{key}: environment {name!r} takes no such argument{hint}; "
+            raise UserError(f"env.args.{key}: environment {name!r} takes no such argument{did_you_mean(key, valid)}; "
                             f"valid: {', '.join(valid) or 'none'}")
 
 

@@ -1,10 +1,10 @@
 """Reward functions by name: the ``REWARDS`` registry, plus ``package.module:function`` for user code.
 
-Every reward follows TRL's calling convention, ``f(prompts=..., completions=..., completion_ids=...,
-**dataset_columns, **trainer_kwargs) -> list[float]``, and is pure.
+Every reward follows TRL's calling convention (:class:`Reward`) and is pure.
 """
 
-import difflib
+from __future__ import annotations
+
 import functools
 import importlib
 import inspect
@@ -12,32 +12,39 @@ import numbers
 import re
 from collections.abc import Callable
 from math import isfinite  # `math` here would be rlkit.rewards.math, the submodule
+from typing import Any, Protocol
 
 from rlkit.errors import UserError
+from rlkit.registry import Registry, did_you_mean
 from rlkit.rewards.math import answer_format, gsm8k_correct
 from rlkit.rewards.qa import qa_correct
 from rlkit.rewards.think import short_think, think_format
 
-REWARDS: dict[str, Callable[..., list[float]]] = {
+
+class Reward(Protocol):
+    """TRL's calling convention: ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns,
+    **trainer_kwargs)`` -> one float per completion (None: no score)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[float]: ...
+
+
+REWARDS: Registry[Reward] = Registry("reward", {
     "gsm8k_correct": gsm8k_correct,
     "qa_correct": qa_correct,
     "answer_format": answer_format,  # args `form: gsm8k` (default) or `form: answer_tag` (QA)
     "think_format": think_format,  # args `partial: true` for the share of well-formed turns
     "short_think": short_think,  # args `max_tokens`, `min_tokens`, `empty_score`, `tokenizer`
-}
+}, also=", or package.module:function")
 
 
-def resolve_reward(name: str, args: dict | None = None) -> Callable[..., list[float]]:
+def resolve_reward(name: str, args: dict | None = None) -> Reward:
     """The reward called ``name`` (a ``REWARDS`` key or ``package.module:function``), with ``args`` bound."""
     if name in REWARDS:
-        func = REWARDS[name]
+        func: Any = REWARDS[name]
     elif ":" in name:
         func = _import(name)
     else:
-        raise UserError(
-            f"unknown reward {name!r}{_suggestion(name)}; valid: {', '.join(sorted(REWARDS))}, "
-            "or package.module:function"
-        )
+        raise UserError(REWARDS.unknown(name))
     if not callable(func):
         raise UserError(f"reward {name!r} is a {type(func).__name__}, not a function")
     if inspect.iscoroutinefunction(func):
@@ -72,8 +79,7 @@ def _check_args(name: str, func: Callable, args: dict) -> None:
     takes_any = any(v.kind is inspect.Parameter.VAR_KEYWORD for v in params.values())
     for key in args:
         if key not in settings and (name in REWARDS or not takes_any):  # user code may read **kwargs itself
-            close = difflib.get_close_matches(key, settings, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(key, settings)
             what = "is filled from the data, not set in `args:`" if key in columns else f"takes no argument {key!r}"
             raise UserError(f"args.{key}: reward {name!r} {what}{hint}; its settings: {', '.join(settings) or 'none'}")
     if name in REWARDS:
@@ -83,11 +89,6 @@ def _check_args(name: str, func: Callable, args: dict) -> None:
             func(prompts=[], completions=[], **required, **args)
         except ValueError as e:
             raise UserError(f"args: {e}") from None
-
-
-def _suggestion(name: str) -> str:
-    close = difflib.get_close_matches(name, REWARDS, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _import(spec: str) -> object:

@@ -7,20 +7,37 @@ reference is the starting (e.g. SFT) policy, not the bare base.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rlkit.data import load_preference_rows
+from rlkit.trainers.sft import with_template_kwargs
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 HEAD = "causal"
 
 
-def dataset(recipe: Any):
-    from rlkit.data import load_preference_rows
-    from rlkit.trainers import with_template_kwargs
+def config_class() -> type:
+    from trl import DPOConfig
 
+    return DPOConfig
+
+
+def dataset(recipe: Recipe):
     rows = load_preference_rows(recipe.data.task, recipe.data.train)
     return with_template_kwargs(rows, recipe.model.chat_template_kwargs)
 
 
-def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
+def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
+    return {}  # the chat template kwargs travel in the dataset (with_template_kwargs)
+
+
+def check_config(config: Any, source: str) -> None:
+    """DPOTrainer checks its settings itself."""
+
+
+def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from trl import DPOTrainer
 

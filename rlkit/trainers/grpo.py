@@ -10,19 +10,33 @@ empty results, calculator errors...) are logged as ``env/<name>``.
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rlkit.data import load_rows, task_rows
+from rlkit.envs import class_tool_schemas, env_class, env_metrics, make_factory
+from rlkit.errors import UserError
+from rlkit.rewards import Reward, resolve_reward
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 HEAD = "causal"
 
 
-def dataset(recipe: Any):
-    from rlkit.data import load_rows, task_rows
+def config_class() -> type:
+    from trl import GRPOConfig
 
+    return GRPOConfig
+
+
+def dataset(recipe: Recipe):
     return task_rows(recipe, "grpo", load_rows(recipe.data.task, recipe.data.train))
 
 
-def rlkit_fields(recipe: Any) -> dict[str, Any]:
+def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
     fields: dict[str, Any] = {"reward_weights": [r.weight for r in recipe.rewards]}
     if recipe.model.chat_template_kwargs:
         fields["chat_template_kwargs"] = recipe.model.chat_template_kwargs
@@ -35,12 +49,12 @@ def rlkit_fields(recipe: Any) -> dict[str, Any]:
     return fields
 
 
-def reward_functions(recipe: Any) -> list:
-    import inspect
+def check_config(config: Any, source: str) -> None:
+    """GRPOConfig checks the batch arithmetic itself; fit_context checks the prompt room once the data is loaded."""
 
-    from rlkit.rewards import resolve_reward
 
-    funcs = [resolve_reward(r.name, r.args) for r in recipe.rewards]
+def reward_functions(recipe: Recipe) -> list[Reward]:
+    funcs: list[Reward] = [resolve_reward(r.name, r.args) for r in recipe.rewards]
     if recipe.env is not None:
         # Wrap a synchronous reward: TRL decides sync vs async by inspecting the function it is given.
         first_sync = next((i for i, f in enumerate(funcs) if not inspect.iscoroutinefunction(f)), None)
@@ -62,8 +76,6 @@ class LogEnvMetrics:
 
     def __call__(self, *args, environments: list | None = None, log_metric: Any = None, **kwargs) -> list:
         if environments and log_metric is not None:
-            from rlkit.envs import env_metrics
-
             per_env = [env_metrics(env) for env in environments]
             for name in sorted({key for metrics in per_env for key in metrics}):
                 values = [m[name] for m in per_env if name in m and math.isfinite(m[name])]
@@ -72,34 +84,26 @@ class LogEnvMetrics:
         return self.__wrapped__(*args, environments=environments, log_metric=log_metric, **kwargs)
 
 
-def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
+def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from trl import GRPOTrainer
 
     extra: dict[str, Any] = {}
     if recipe.env is not None:
-        from rlkit.envs import make_factory
-
         extra["environment_factory"] = make_factory(recipe)
     train_ds = fit_context(recipe, tokenizer, train_ds, args)
     return GRPOTrainer(model=model, reward_funcs=reward_functions(recipe), args=args, train_dataset=train_ds,
                        processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **extra)
 
 
-def fit_context(recipe: Any, tokenizer: Any, train_ds: Any, args: Any) -> Any:
+def fit_context(recipe: Recipe, tokenizer: Any, train_ds: Any, args: Any) -> Any:
     """Drop prompts that leave no room for a completion in the context; refuse when none is left.
 
     The room is ``model.max_seq_length`` minus ``trainer.max_completion_length``; prompts are
     measured as the model sees them (chat template, tool schemas for an agent, generation prompt).
     """
-    import logging
-
-    from rlkit.errors import UserError
-
     tools = None
     if recipe.env is not None:
-        from rlkit.envs import class_tool_schemas, env_class
-
         tools = class_tool_schemas(env_class(recipe.env.name))
     room = recipe.model.max_seq_length - args.max_completion_length
     if room <= 0:

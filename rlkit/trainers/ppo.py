@@ -30,6 +30,15 @@ log = logging.getLogger("rlkit")
 HEAD = "causal"
 
 
+def config_class() -> type:
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rlkit pins TRL; the warning says nothing new
+    from trl.experimental.ppo import PPOConfig  # experimental in TRL 1.12, removed in 1.13 (hence the pin)
+
+    return PPOConfig
+
+
 def dataset(recipe: Any):
     from rlkit.data import load_prompt_rows
 

@@ -7,14 +7,26 @@ what PPO's ``reward_model:`` (and ``value_model:``) load.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlkit.trainers.dpo import dataset  # noqa: F401  (the same preference pairs as DPO)
+from rlkit import runs
+from rlkit.backends import hf
+from rlkit.errors import UserError
+from rlkit.trainers.dpo import check_config, dataset, rlkit_fields  # noqa: F401  (DPO's pairs, nothing added)
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 HEAD = "score"
 
 
-def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
+def config_class() -> type:
+    from trl import RewardConfig
+
+    return RewardConfig
+
+
+def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from trl import RewardTrainer
 
@@ -22,16 +34,12 @@ def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: A
                          peft_config=peft_config, callbacks=callbacks)
 
 
-def load_score_model(recipe: Any, ref: str | Path, tokenizer: Any = None, *, trainable: bool = False):
+def load_score_model(recipe: Recipe, ref: str | Path, tokenizer: Any = None, *, trainable: bool = False):
     """A one-label sequence-classification model: a reward run (base + adapter) or a Hub/local model.
 
     With ``tokenizer`` (the policy's, for PPO) the model must share it, since it reads the policy's
     token ids. Returns ``(model, its tokenizer)``.
     """
-    from rlkit import runs
-    from rlkit.backends import hf
-    from rlkit.errors import UserError
-
     path = Path(ref)
     if runs.holds_adapter(path):
         directory = hf.adapter_dir(path)

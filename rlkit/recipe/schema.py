@@ -1,0 +1,220 @@
+"""The recipe schema: one YAML file per experiment, as strict pydantic models (nothing else imported).
+
+rlkit's own sections are strict (an unknown key is an error naming the closest valid key). The
+``trainer:`` block uses TRL's field names verbatim and is checked against the TRL config class of the
+recipe's algorithm when that config is built (:func:`rlkit.trainers.trainer_config`): rlkit never
+re-declares TRL's fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+ALGORITHMS = ("sft", "dpo", "reward", "ppo", "grpo")
+# Algorithms whose rewards come from rlkit's reward functions (`rewards:`).
+REWARD_FUNCTION_ALGORITHMS = ("grpo", "ppo", "dpo")
+# Recipe keys that rlkit fills from its own sections: setting them in `trainer:` would be ambiguous.
+RLKIT_OWNED_TRAINER_KEYS = {
+    "output_dir": "use `rlkit train --output-dir DIR` (the run directory)",
+    "reward_weights": "set `weight:` on each entry of `rewards:`",
+    "chat_template_kwargs": "set `model.chat_template_kwargs` (it reaches training, eval and rollouts alike)",
+    "reward_model_path": "set `reward_model:` (a reward run directory or a Hub id)",
+    "sft_model_path": "set `model.name_or_path` (and `init_from:` to continue an adapter)",
+    "model_adapter_name": "rlkit names the adapters itself when continuing from `init_from:`",
+    "ref_adapter_name": "rlkit names the adapters itself when continuing from `init_from:`",
+    "max_tool_calling_iterations": "set `env.max_turns` (it bounds training, rollouts and chat alike)",
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ModelSpec(Strict):
+    name_or_path: str
+    backend: Literal["auto", "unsloth", "hf"] = "auto"
+    load_in_4bit: bool = False
+    max_seq_length: int = Field(2048, gt=0)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    # Unsloth's colocated vLLM engine takes this share of GPU memory (fast_inference).
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    # transformers' attention kernel; null = its default. Tiny models on CPU run faster with "eager".
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    # Passed to the chat template everywhere the model is prompted, e.g. {enable_thinking: false}.
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class LoraSpec(Strict):
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+    modules_to_save: list[str] | None = None
+
+
+class DataSource(Strict):
+    """Where rows come from: a Hub id or local file (``path``), or the task's generator."""
+
+    path: str | None = None
+    name: str | None = None
+    split: str = "train"
+    limit: int | None = Field(None, gt=0)
+    synthetic: int | None = Field(None, gt=0, description="generate this many rows with the task's generator")
+    seed: int = 0
+    generator: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the generator")
+    # rlkit's column name -> the file's (tasks that map columns, e.g. qa); default: `data.columns`
+    columns: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSource:
+        if (self.path is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of `path` (Hub id or local file) or `synthetic` (row count)")
+        return self
+
+
+class DataSpec(Strict):
+    task: str
+    train: DataSource
+    eval: DataSource | None = None
+    # The task's prompt variant (its ``PROMPTS``), e.g. gsm8k `calculator` or multihop_rag `thinking`;
+    # for qa and multihop_rag also a file holding the system prompt, or the text itself.
+    prompt: str = "default"
+    # rlkit's column name -> the user's, for both splits (qa: question, answer, aliases, id, type, supporting_ids).
+    columns: dict[str, str] = Field(default_factory=dict)
+    # When a rollout episode counts as a success (what `--sft-out` keeps): em | f1>=X | accuracy | task
+    # (the task's own rule). Default: the task's rule, which for QA tasks is em.
+    success: str | None = Field(None, pattern=r"^(em|accuracy|task|f1\s*>=\s*(0(\.\d+)?|1(\.0+)?|\.\d+))$")
+
+    @model_validator(mode="after")
+    def _split_columns(self) -> DataSpec:
+        for source in (self.train, self.eval):
+            if source is not None and source.columns is None and self.columns:
+                source.columns = dict(self.columns)
+        return self
+
+
+class RewardSpec(Strict):
+    name: str
+    weight: float = 1.0
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class PairsSpec(Strict):
+    """How ``rlkit pairs`` builds on-policy DPO pairs: sample, score with ``rewards:``, keep best vs worst."""
+
+    prompts: DataSource
+    samples: int = Field(8, ge=2, description="completions sampled per prompt")
+    min_gap: float = Field(0.5, ge=0, description="keep a pair only when best - worst reward exceeds this")
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int | None = Field(None, gt=0, description="default: eval.max_new_tokens")
+    batch_size: int = Field(8, gt=0, description="prompts per generate call (each sampled `samples` times)")
+    seed: int = 0
+
+
+class CorpusFields(Strict):
+    """Which of the corpus's columns hold a document's id, title, text and extra metadata."""
+
+    id: str | None = Field(None, description="default: the first of id, doc_id, _id a document has")
+    title: str = "title"
+    text: str = Field("text", description="`body` is read when a document has no `text`")
+    metadata: list[str] = Field(default_factory=list, description="columns kept with each passage and shown")
+
+
+class RetrievalSpec(Strict):
+    """The corpus a ``search`` tool reads, how it is chunked and indexed (``rlkit index build``)."""
+
+    corpus: str | None = Field(None, description="a Hub dataset id or a local .jsonl/.json/.parquet/.csv file")
+    corpus_config: str | None = Field(None, description="the Hub dataset's config (MultiHop-RAG: corpus)")
+    corpus_split: str = "train"
+    synthetic: int | None = Field(None, gt=0, description="generate this many articles instead (smoke runs, tests)")
+    seed: int = 0
+    # json: an array of objects; hotpotqa: an object keyed by title; multihop_rag: an array of {title, body, ...}
+    format: Literal["auto", "jsonl", "json", "hotpotqa", "multihop_rag", "parquet", "csv", "hub"] = "auto"
+    fields: CorpusFields = Field(default_factory=CorpusFields)
+    chunk_tokens: int = Field(200, gt=0, description="chunk size, counted in `tokenizer`'s tokens (or words, chars)")
+    chunk_overlap: int = Field(0, ge=0)
+    tokenizer: str | None = Field(None, description="what counts chunk tokens: a tokenizer id or path, `words` or "
+                                  "`chars` (no tokenizer needed); default: model.name_or_path")
+    method: Literal["bm25", "dense", "hybrid"] = "bm25"
+    dense_model: str = "intfloat/e5-base-v2"
+    rrf_k: int = Field(60, gt=0, description="reciprocal rank fusion constant (hybrid)")
+    top_k: int = Field(3, gt=0, description="passages a search returns")
+    cache_dir: str | None = Field(None, description="default: $RLKIT_CACHE/indexes")
+
+    @model_validator(mode="after")
+    def _check(self) -> RetrievalSpec:
+        if (self.corpus is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of `corpus` (Hub id or local file) or `synthetic` (article count)")
+        if self.chunk_overlap >= self.chunk_tokens:
+            raise ValueError("chunk_overlap must be smaller than chunk_tokens")
+        return self
+
+
+class EnvSpec(Strict):
+    """A tool environment (``rlkit.envs.ENVS``) for GRPO training, rollouts, eval and chat."""
+
+    name: str
+    max_turns: int = Field(6, gt=0, description="tool-calling rounds per episode (TRL max_tool_calling_iterations)")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the environment")
+
+
+class EvalSpec(Strict):
+    max_new_tokens: int = Field(512, gt=0)
+    batch_size: int = Field(32, gt=0)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    algorithm: Literal["sft", "dpo", "reward", "ppo", "grpo"]
+    model: ModelSpec
+    lora: LoraSpec | None = Field(default_factory=LoraSpec)
+    init_from: str | None = None
+    data: DataSpec
+    rewards: list[RewardSpec] = Field(default_factory=list)
+    # PPO: a reward run directory (algorithm: reward) or a Hub sequence-classification model, used
+    # instead of `rewards:`; the value model starts from the policy's base unless `value_model` names one.
+    reward_model: str | None = None
+    value_model: str | None = None
+    pairs: PairsSpec | None = None
+    env: EnvSpec | None = None
+    retrieval: RetrievalSpec | None = None
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    # `rlkit train --num-processes N` launches through accelerate with this config unless
+    # --accelerate-config names another: single_gpu | multi_gpu | zero2 | zero3 | fsdp | a YAML path.
+    accelerate_config: str | None = None
+    # What --smoke changed, for the log and the run's provenance (not part of the recipe itself).
+    _smoke_changes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def smoke_changes(self) -> list[str]:
+        return list(self._smoke_changes)
+
+    @property
+    def vllm_server_mode(self) -> bool:
+        """The recipe generates through a separate vLLM server (``use_vllm: true, vllm_mode: server``)."""
+        return bool(self.trainer.get("use_vllm")) and self.trainer.get("vllm_mode", "colocate") == "server"
+
+    @model_validator(mode="after")
+    def _algorithm_sections(self) -> Recipe:
+        algo = self.algorithm
+        if algo == "grpo" and not self.rewards:
+            raise ValueError("a grpo recipe needs at least one entry in `rewards:`")
+        if algo == "ppo" and bool(self.rewards) == bool(self.reward_model):
+            raise ValueError("a ppo recipe needs exactly one reward source: `rewards:` (rule rewards) "
+                             "or `reward_model:` (a reward run directory or Hub id)")
+        if algo == "dpo" and self.pairs is not None and not self.rewards:
+            raise ValueError("`pairs:` scores samples with `rewards:`; add at least one reward")
+        if algo not in REWARD_FUNCTION_ALGORITHMS and self.rewards:
+            raise ValueError(f"`rewards:` is not used by {algo} recipes; remove it")
+        for key in ("reward_model", "value_model"):
+            if algo != "ppo" and getattr(self, key) is not None:
+                raise ValueError(f"`{key}:` is only used by ppo recipes; remove it")
+        if algo != "dpo" and self.pairs is not None:
+            raise ValueError("`pairs:` is only used by dpo recipes (`rlkit pairs`); remove it")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
