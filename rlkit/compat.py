@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 # --- trl.chat_template_utils (TRL 1.12; not exported from ``trl``) -------------------------------
 
 def add_response_schema(tokenizer: Any) -> Any:
