@@ -11,6 +11,7 @@ import re
 import sys
 
 import pytest
+import transformers  # noqa: F401  (its log handler keeps the sys.stderr of its import: import it before capsys swaps it)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
