@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rlkit.errors import UserError
 
 if TYPE_CHECKING:
-    from rlkit.recipe import Recipe
+    from rlkit.recipe.schema import Recipe
 
 log = logging.getLogger("rlkit")
 _TASK_TYPES = {"causal": "CAUSAL_LM", "score": "SEQ_CLS"}

@@ -275,7 +275,8 @@ def sleepy(monkeypatch):
 
 
 def recipe_with(name, args=None, derived=None):
-    return SimpleNamespace(env=EnvSpec(name=name, args=args or {}), derived=derived or {})
+    return SimpleNamespace(env=EnvSpec(name=name, args=args or {}), derived=derived or {},
+                           data=SimpleNamespace(task="sft"))
 
 
 def test_env_class_resolves_and_suggests():

@@ -10,13 +10,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlkit.cache import cache_dir
 from rlkit.errors import UserError
-
-if TYPE_CHECKING:
-    from rlkit.recipe import Recipe
+from rlkit.recipe import Recipe
 
 log = logging.getLogger("rlkit")
 _chosen: dict[str, str] = {}

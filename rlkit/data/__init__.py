@@ -23,7 +23,7 @@ from rlkit.registry import Registry, did_you_mean
 if TYPE_CHECKING:
     from datasets import Dataset
 
-    from rlkit.recipe import DataSource, Recipe
+    from rlkit.recipe.schema import DataSource, Recipe
 
 
 @runtime_checkable
@@ -45,6 +45,13 @@ class Prompted(Task, Protocol):
     """A task whose rows are built under a named system prompt (``data.prompt``)."""
 
     PROMPTS: dict[str, Any]
+
+
+@runtime_checkable
+class PresetsEnvArgs(Task, Protocol):
+    """A task that presets arguments of the environments it runs with (``ENV_ARGS[env name]``)."""
+
+    ENV_ARGS: dict[str, dict[str, Any]]
 
 
 @runtime_checkable
@@ -73,6 +80,12 @@ TASKS: Registry[ModuleType] = Registry("task", {
 
 def get_task(name: str) -> ModuleType:
     return TASKS.get(name)
+
+
+def env_presets(task_name: str, env_name: str) -> dict[str, Any]:
+    """The task's preset arguments for environment ``env_name`` (MultiHop-RAG describes its news corpus)."""
+    task = get_task(task_name)
+    return dict(task.ENV_ARGS.get(env_name, {})) if isinstance(task, PresetsEnvArgs) else {}
 
 
 def load_rows(task_name: str, source: DataSource):

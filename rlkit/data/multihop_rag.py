@@ -39,6 +39,8 @@ SEARCH_DESCRIPTION = (
     "looking for (e.g. \"TechCrunch OpenAI board October 2023\"); each search returns the best-matching passages, "
     "each with its title, source, publication date and text."
 )
+# What this task presets in the environments it runs with (`env.args` wins): the search tool describes the news.
+ENV_ARGS = {"retrieval": {"description": SEARCH_DESCRIPTION}}
 CUSTOM_PROMPTS = True  # `data.prompt` may also be a file or the text itself
 _REQUIRED = ("query", "answer", "question_type", "evidence_list")
 # The default synthetic corpus; `retrieval: {synthetic: ...}` in a smoke run uses the same numbers.

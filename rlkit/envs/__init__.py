@@ -20,13 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlkit.data import env_presets
 from rlkit.envs.calculator import CalculatorEnv
 from rlkit.envs.retrieval import RetrievalEnv
 from rlkit.errors import UserError
 from rlkit.registry import Registry, did_you_mean
 
 if TYPE_CHECKING:
-    from rlkit.recipe import Recipe
+    from rlkit.recipe.schema import Recipe
 
 
 class Env(Protocol):
@@ -59,14 +60,16 @@ def check_env_args(name: str, args: dict[str, Any]) -> None:
 def make_factory(recipe: Recipe) -> Callable[[], Any]:
     """TRL's ``environment_factory`` for ``recipe``: a picklable partial of the environment class.
 
-    Its arguments are ``env.args`` plus, when the environment's module defines ``factory_kwargs(recipe)``,
-    what that derives from the rest of the recipe (the retrieval env's index comes from ``retrieval:``).
-    A key set both ways is an error rather than a silent precedence rule.
+    Its arguments are ``env.args`` over what the task presets for the environment (:func:`rlkit.data.env_presets`),
+    plus, when the environment's module defines ``factory_kwargs(recipe)``, what that derives from the rest of
+    the recipe (the retrieval env's index comes from ``retrieval:``). A key both set in ``env.args`` and derived
+    is an error rather than a silent precedence rule.
     """
     if recipe.env is None:
         raise UserError("env: this recipe has no tool environment; add `env: {name: calculator}` or similar")
-    name, kwargs = recipe.env.name, dict(recipe.env.args)
-    check_env_args(name, kwargs)
+    name = recipe.env.name
+    check_env_args(name, recipe.env.args)
+    kwargs = {**env_presets(recipe.data.task, name), **recipe.env.args}
     cls = env_class(name)
     derive = getattr(sys.modules[cls.__module__], "factory_kwargs", None)
     if derive is not None:

@@ -97,19 +97,4 @@ def factory_kwargs(recipe: Any) -> dict[str, Any]:
                         "an article count) in the recipe")
     from rlkit.retrieval import build_retriever
 
-    kwargs: dict[str, Any] = {"retriever": build_retriever(recipe.retrieval, model_name=recipe.model.name_or_path,
-                                                           show_progress=True)}
-    # A task preset (MultiHop-RAG's news articles) may describe its corpus; env.args.description wins.
-    preset = _task_description(recipe)
-    if preset and "description" not in (getattr(recipe.env, "args", None) or {}):
-        kwargs["description"] = preset
-    return kwargs
-
-
-def _task_description(recipe: Any) -> str | None:
-    data = getattr(recipe, "data", None)
-    if data is None:
-        return None
-    from rlkit.data import get_task
-
-    return getattr(get_task(data.task), "SEARCH_DESCRIPTION", None)
+    return {"retriever": build_retriever(recipe.retrieval, model_name=recipe.model.name_or_path, show_progress=True)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlkit.recipe import Recipe
 from rlkit.registry import Registry
 from rlkit.trainers import dpo, grpo, ppo, reward, sft
 
@@ -11,7 +12,6 @@ if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    from rlkit.recipe import Recipe
 
 
 class TrainerBuilder(Protocol):

@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from rlkit.backends import cuda_available
 from rlkit.backends.trl_config import check_backend_changes, with_trl_defaults
 from rlkit.errors import UserError
+from rlkit.recipe import Recipe
 from rlkit.registry import did_you_mean
 from rlkit.tracking import check as check_trackers
 from rlkit.trainers.builders import BUILDERS
@@ -24,7 +25,6 @@ from rlkit.trainers.builders import BUILDERS
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from rlkit.recipe import Recipe
 
 # Where a config built only to check the recipe says it would write (nothing is written there).
 CHECK_DIR = "/tmp/rlkit-validate"

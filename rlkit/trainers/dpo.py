@@ -7,13 +7,11 @@ reference is the starting (e.g. SFT) policy, not the bare base.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlkit.data import load_preference_rows
+from rlkit.recipe import Recipe
 from rlkit.trainers.sft import with_template_kwargs
-
-if TYPE_CHECKING:
-    from rlkit.recipe import Recipe
 
 HEAD = "causal"
 

@@ -13,15 +13,13 @@ import functools
 import inspect
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlkit.data import load_rows, task_rows
 from rlkit.envs import class_tool_schemas, env_class, env_metrics, make_factory
 from rlkit.errors import UserError
+from rlkit.recipe import Recipe
 from rlkit.rewards import Reward, resolve_reward
-
-if TYPE_CHECKING:
-    from rlkit.recipe import Recipe
 
 HEAD = "causal"
 

@@ -7,15 +7,13 @@ what PPO's ``reward_model:`` (and ``value_model:``) load.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlkit import runs
 from rlkit.backends import hf
 from rlkit.errors import UserError
+from rlkit.recipe import Recipe
 from rlkit.trainers.dpo import check_config, dataset, rlkit_fields  # noqa: F401  (DPO's pairs, nothing added)
-
-if TYPE_CHECKING:
-    from rlkit.recipe import Recipe
 
 HEAD = "score"
 

@@ -6,12 +6,10 @@ default for that form) or pass through as ``messages``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlkit.data import load_rows, task_rows
-
-if TYPE_CHECKING:
-    from rlkit.recipe import Recipe
+from rlkit.recipe import Recipe
 
 HEAD = "causal"
 
