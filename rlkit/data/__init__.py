@@ -4,8 +4,8 @@ Every task provides ``load(source)`` (Hub id or local file, :class:`Task`). Most
 ``generate(n, seed)`` (a seeded generator in the same format, for smoke runs and the demo,
 :class:`Generates`) and the row builders the algorithms need (``sft_rows``, ``grpo_rows``); tasks
 with a checkable answer also provide ``eval_rows`` and ``score``; pairs come from ``preference_rows``
-(:class:`Paired`), sampling prompts from ``prompt_rows`` (:class:`Sampled`), and named system prompts
-from ``PROMPTS`` (:class:`Prompted`).
+(:class:`Paired`; :class:`FiledPairs` read ready pairs from a file), prompts to sample from
+``prompt_rows`` (:class:`Sampled`), and named system prompts from ``PROMPTS`` (:class:`Prompted`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,13 @@ class Paired(Task, Protocol):
     """A task that yields preference pairs (``prompt``/``chosen``/``rejected``) for dpo and reward."""
 
     def preference_rows(self, ds: Dataset) -> Dataset: ...
+
+
+@runtime_checkable
+class FiledPairs(Paired, Protocol):
+    """A paired task whose ``path:`` holds ready pairs rather than its own rows (gsm8k), read by ``load_preference``."""
+
+    def load_preference(self, source: DataSource) -> Dataset: ...
 
 
 @runtime_checkable
@@ -164,7 +171,7 @@ def load_preference_rows(task_name: str, source: DataSource):
     if not isinstance(task, Paired):
         raise UserError(f"task {task_name!r} has no preference pairs; use `task: preference` (prompt/chosen/"
                         "rejected files) or `task: hh_rlhf`")
-    if source.synthetic is None and hasattr(task, "load_preference"):
+    if source.synthetic is None and isinstance(task, FiledPairs):
         return _limited(task.load_preference(source), source)
     return task.preference_rows(load_rows(task_name, source))
 
