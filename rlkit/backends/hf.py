@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.recipe import LoraSpec, ModelSpec
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
@@ -27,7 +28,7 @@ def torch_dtype(name: str):
     return getattr(torch, _DTYPES[name])
 
 
-def load(spec: Any, *, head: str = "causal", name: str | None = None, training: bool = False,
+def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, training: bool = False,
          quantization: dict[str, Any] | None = None, device: str | None = None):
     """Base model and tokenizer for ``spec`` (a ``ModelSpec``).
 
@@ -161,7 +162,7 @@ def _disable_cpu_bf16_packing(model: Any) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def lora_config(spec: Any, *, head: str = "causal"):
+def lora_config(spec: LoraSpec | None, *, head: str = "causal"):
     """The recipe's LoRA; on a score head (reward/value model) the new head is trained in full too."""
     if spec is None:
         return None

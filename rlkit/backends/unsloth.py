@@ -7,17 +7,17 @@ trl/transformers/peft are touched. What it is given is worked out in :mod:`rlkit
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import unsloth  # noqa: F401  -- must precede trl/transformers/peft
 from unsloth import FastLanguageModel
 
 from rlkit.backends.unsloth_args import from_pretrained_kwargs, peft_kwargs
+from rlkit.recipe import LoraSpec, ModelSpec
 
 log = logging.getLogger("rlkit")
 
 
-def load(spec: Any, lora: Any, init_from: str | None, *, fast_inference: bool, seed: int = 0):
+def load(spec: ModelSpec, lora: LoraSpec | None, init_from: str | None, *, fast_inference: bool, seed: int = 0):
     kwargs = from_pretrained_kwargs(spec, lora, init_from, fast_inference=fast_inference)
     if "attn_implementation" in kwargs:
         # Unsloth's fast Llama/Qwen path picks its own attention kernel; other architectures honour it.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.recipe import LoraSpec, ModelSpec
 
 # vLLM's LoRAConfig accepts only these max_lora_rank values (its punica kernels are built for them).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -27,7 +28,8 @@ def vllm_lora_rank(r: int) -> int:
                     "without vLLM")
 
 
-def from_pretrained_kwargs(spec: Any, lora: Any, init_from: str | None, *, fast_inference: bool) -> dict[str, Any]:
+def from_pretrained_kwargs(spec: ModelSpec, lora: LoraSpec | None, init_from: str | None, *,
+                           fast_inference: bool) -> dict[str, Any]:
     """Keyword arguments for ``FastLanguageModel.from_pretrained``."""
     from rlkit.backends.hf import adapter_dir, torch_dtype
     from rlkit.tiny import resolve_model_id
@@ -45,7 +47,7 @@ def from_pretrained_kwargs(spec: Any, lora: Any, init_from: str | None, *, fast_
     return kwargs
 
 
-def peft_kwargs(lora: Any, seed: int) -> dict[str, Any]:
+def peft_kwargs(lora: LoraSpec, seed: int) -> dict[str, Any]:
     """Keyword arguments for ``FastLanguageModel.get_peft_model``."""
     targets = ALL_LINEAR if lora.target_modules == "all-linear" else lora.target_modules
     kwargs: dict[str, Any] = dict(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
