@@ -396,7 +396,7 @@ def require_response_parser(tokenizer: Any) -> None:
     """Give the tokenizer TRL's response parser for its chat template (how tool calls are read from text)."""
     if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
         return
-    from trl.chat_template_utils import add_response_schema
+    from rlkit.compat import add_response_schema
 
     try:
         add_response_schema(tokenizer)
@@ -410,14 +410,14 @@ def training_template(tokenizer: Any) -> str | None:
     """The chat template TRL trains tool episodes with: the model's own if it keeps earlier turns verbatim,
     else TRL's prefix-preserving variant (Qwen3's stock template drops earlier ``<think>`` blocks). Rollouts
     render with it so a policy is evaluated on the context it was trained on."""
-    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+    from rlkit.compat import get_training_chat_template, is_chat_template_prefix_preserving
 
     return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
 
 
 def parsed_turn(tokenizer: Any, ids: list[int], prompt_ids: list[int], max_new_tokens: int, seconds: float) -> Turn:
     """A generated token sequence as an assistant message, tool calls parsed the way TRL parses them."""
-    from trl.chat_template_utils import parse_response
+    from rlkit.compat import parse_response
 
     finished = bool(ids) and ids[-1] == tokenizer.eos_token_id
     message = parse_response(tokenizer, ids, prefix=prompt_ids) if ids else {"role": "assistant", "content": ""}

@@ -68,11 +68,10 @@ def prepare_unsloth_env() -> None:
     the command runs in (and imports it from there): keep it in rlkit's cache instead. A location the
     user set wins.
     """
-    import os
-
     from rlkit.cache import cache_dir
+    from rlkit.compat import keep_unsloth_compiled_cache_in
 
-    os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(cache_dir() / "unsloth_compiled_cache"))
+    keep_unsloth_compiled_cache_in(cache_dir() / "unsloth_compiled_cache")
 
 
 def load(recipe: Any, *, use_vllm: bool = False, seed: int = 0, head: str = "causal") -> tuple[Any, Any, Any, str]:
