@@ -663,8 +663,10 @@ def _play(recipe: Any, rows: list[dict[str, Any]], make_env: Callable[[], Any], 
 
 def _in_row_order(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rewrite a finished trajectories file (written as episodes ended) in the split's row order."""
+    from rlkit.jsonl import read_records
+
     place = {str(row.get("id", i)): i for i, row in enumerate(rows)}
-    records = sorted(safety.read_records(path), key=lambda r: place.get(str(r.get("id")), len(place)))
+    records = sorted(read_records(path), key=lambda r: place.get(str(r.get("id")), len(place)))
     runs.write_jsonl(records, path)
     return records
 
