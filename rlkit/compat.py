@@ -95,6 +95,21 @@ def ppo_config_class() -> type:
     return PPOConfig
 
 
+def trl_accelerate_config(name_or_path: str) -> Path:
+    """The accelerate config file TRL 1.12's ``trl.cli.accelerate_config`` resolver finds for a config it
+    ships (``zero2``, ``fsdp2`` ...) or a file path. If TRL moves the resolver or renames its configs,
+    ``rlkit train --accelerate-config NAME`` fails here."""
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+    try:
+        resolved = resolve_accelerate_config_argument(["--accelerate_config", name_or_path])
+    except ValueError as e:
+        from rlkit.errors import UserError
+
+        raise UserError(f"--accelerate-config {name_or_path!r}: {e}") from None
+    return Path(resolved[resolved.index("--config_file") + 1])
+
+
 @functools.cache
 def ppo_reward_model_base() -> type:
     """A ``torch.nn.Module`` base that TRL 1.12's private ``trl.experimental.utils.get_reward`` reads as a

@@ -96,6 +96,18 @@ def test_trl_experimental_ppo_exists():
            f"trl.experimental.ppo.PPOTrainer takes {list(params)}")
 
 
+@pytest.mark.parametrize("name", ["single_gpu", "multi_gpu", "zero2", "zero3", "fsdp"])
+def test_trl_ships_the_accelerate_configs_rlkit_names(name):
+    from rlkit.launch import NAMED_CONFIGS
+
+    try:
+        path = compat.trl_accelerate_config(NAMED_CONFIGS[name])
+    except Exception as e:
+        pytest.fail(f"trl {version('trl')}: no accelerate config {NAMED_CONFIGS[name]!r}: {e}", pytrace=False)
+    canary(path.is_file() and "trl" in path.parts and "accelerate_configs" in path.parts, "trl",
+           f"trl.cli's resolver found {path} for {NAMED_CONFIGS[name]!r}")
+
+
 def test_trl_get_reward_reads_the_ppo_reward_model_base():
     import torch
     from trl.experimental.utils import get_reward
