@@ -78,21 +78,7 @@ def trl_tool_error(message: str) -> str:
     return str({"error": message})
 
 
-# --- trl.experimental.ppo (TRL 1.12; experimental, removed in 1.13) ------------------------------
-
-
-def ppo_trainer_class() -> type:
-    """TRL 1.12's ``trl.experimental.ppo.PPOTrainer``; gone in TRL 1.13 (then PPO cannot be built)."""
-    from trl.experimental.ppo import PPOTrainer
-
-    return PPOTrainer
-
-
-def ppo_config_class() -> type:
-    """TRL 1.12's ``trl.experimental.ppo.PPOConfig``; gone in TRL 1.13 (then PPO recipes cannot load)."""
-    from trl.experimental.ppo import PPOConfig
-
-    return PPOConfig
+# --- trl.cli (TRL 1.12) -------------------------------------------------------------------------
 
 
 def trl_accelerate_config(name_or_path: str) -> Path:
@@ -108,6 +94,23 @@ def trl_accelerate_config(name_or_path: str) -> Path:
 
         raise UserError(f"--accelerate-config {name_or_path!r}: {e}") from None
     return Path(resolved[resolved.index("--config_file") + 1])
+
+
+# --- trl.experimental.ppo (TRL 1.12; experimental, removed in 1.13) ------------------------------
+
+
+def ppo_trainer_class() -> type:
+    """TRL 1.12's ``trl.experimental.ppo.PPOTrainer``; gone in TRL 1.13 (then PPO cannot be built)."""
+    from trl.experimental.ppo import PPOTrainer
+
+    return PPOTrainer
+
+
+def ppo_config_class() -> type:
+    """TRL 1.12's ``trl.experimental.ppo.PPOConfig``; gone in TRL 1.13 (then PPO recipes cannot load)."""
+    from trl.experimental.ppo import PPOConfig
+
+    return PPOConfig
 
 
 @functools.cache
