@@ -220,8 +220,9 @@ def cpu_supports_bf16() -> bool:
 
 # --- vLLM (0.27.1) ---------------------------------------------------------------------------------
 
-# The ``max_lora_rank`` values vLLM's ``LoRAConfig`` accepts (its punica kernels are built for these). If
-# vLLM changes them, a colocated engine refuses the rank rlkit picks.
+# The ``max_lora_rank`` values vLLM's ``LoRAConfig`` accepts (``vllm.config.lora.MaxLoRARanks``; its punica
+# kernels are built for these), kept here so recipes are checked without vLLM. If vLLM changes them, a
+# colocated engine refuses the rank rlkit picks.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 

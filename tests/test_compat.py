@@ -212,12 +212,11 @@ def test_torch_reports_cpu_bf16_support():
 def test_vllm_lora_ranks():
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
-    from vllm.config import LoRAConfig
+    from vllm.config import lora
 
-    hint = typing.get_type_hints(LoRAConfig).get("max_lora_rank")
-    ranks = tuple(a for a in typing.get_args(hint) if isinstance(a, int))
+    ranks = typing.get_args(getattr(lora, "MaxLoRARanks", None))
     canary(ranks == compat.VLLM_LORA_RANKS, "vllm",
-           f"LoRAConfig.max_lora_rank accepts {ranks or hint}, rlkit.compat.VLLM_LORA_RANKS is {compat.VLLM_LORA_RANKS}")
+           f"vllm.config.lora.MaxLoRARanks is {ranks or 'gone'}, rlkit.compat.VLLM_LORA_RANKS is {compat.VLLM_LORA_RANKS}")
 
 
 def test_unsloth_reads_the_compile_location():
