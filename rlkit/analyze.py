@@ -67,9 +67,9 @@ def analyze(path: str | Path) -> dict[str, Any]:
 
 
 def _read(path: Path) -> list[dict]:
-    from rlkit.data.sources import json_objects
+    from rlkit.jsonl import numbered_records
 
-    episodes = [_episode(record, f"{path}: line {number}") for number, record in json_objects(path)]
+    episodes = [_episode(record, f"{path}: line {number}") for number, record in numbered_records(path)]
     if not episodes:
         raise UserError(f"{path}: no episodes (the file is empty)")
     return episodes

@@ -1,16 +1,21 @@
 """Every place rlkit leans on a library's private or version-specific internals, in one module.
 
-Each entry names the library version it was written against; ``tests/test_compat.py`` holds a canary
-per entry that fails loudly, naming the installed version, when upstream changes. Nothing here is
-imported at module level: importing ``rlkit.compat`` costs nothing.
+Each entry names the library version it was written against and what breaks when upstream changes;
+``tests/test_compat.py`` holds a canary per entry that fails loudly, naming the installed version.
+Nothing here is imported at module level: importing ``rlkit.compat`` costs nothing.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from pathlib import Path
 from typing import Any
 
-
 # --- trl.chat_template_utils (TRL 1.12; not exported from ``trl``) -------------------------------
+# If TRL moves or renames these, `rlkit doctor`'s template checks, tool rollouts and the tiny model's
+# tokenizer stop working with an ImportError here.
+
 
 def add_response_schema(tokenizer: Any) -> Any:
     from trl.chat_template_utils import add_response_schema as impl
@@ -59,3 +64,183 @@ def qwen3_chat_template() -> str:
     from trl.chat_template_utils import qwen3_chat_template as template
 
     return template
+
+
+# --- TRL's tool loop (TRL 1.12, GRPOTrainer.__init__ and the private GRPOTrainer._tool_call_loop) ---
+
+# The public environment methods TRL does not expose as tools. If TRL adds one, rlkit's rollouts would
+# offer the model a tool that training never did.
+TRL_NON_TOOL_METHODS = ("reset", "get_reward")
+
+
+def trl_tool_error(message: str) -> str:
+    """The tool-result text TRL 1.12's ``_tool_call_loop`` gives the model for a failed call:
+    ``str({"error": message})``. If TRL changes it, rollouts show the model other text than training did."""
+    return str({"error": message})
+
+
+# --- trl.cli (TRL 1.12) -------------------------------------------------------------------------
+
+
+def trl_accelerate_config(name_or_path: str) -> Path:
+    """The accelerate config file TRL 1.12's ``trl.cli.accelerate_config`` resolver finds for a config it
+    ships (``zero2``, ``fsdp2`` ...) or a file path. If TRL moves the resolver or renames its configs,
+    ``rlkit train --accelerate-config NAME`` fails here."""
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+    try:
+        resolved = resolve_accelerate_config_argument(["--accelerate_config", name_or_path])
+    except ValueError as e:
+        from rlkit.errors import UserError
+
+        raise UserError(f"--accelerate-config {name_or_path!r}: {e}") from None
+    return Path(resolved[resolved.index("--config_file") + 1])
+
+
+# --- trl.experimental.ppo (TRL 1.12; experimental, removed in 1.13) ------------------------------
+
+
+def _silence_experimental_warning() -> None:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rlkit pins TRL; the warning says nothing new
+
+
+def ppo_trainer_class() -> type:
+    """TRL 1.12's ``trl.experimental.ppo.PPOTrainer``; gone in TRL 1.13 (then PPO cannot be built)."""
+    _silence_experimental_warning()
+    from trl.experimental.ppo import PPOTrainer
+
+    return PPOTrainer
+
+
+def ppo_config_class() -> type:
+    """TRL 1.12's ``trl.experimental.ppo.PPOConfig``; gone in TRL 1.13 (then PPO recipes cannot load)."""
+    _silence_experimental_warning()
+    from trl.experimental.ppo import PPOConfig
+
+    return PPOConfig
+
+
+@functools.cache
+def ppo_reward_model_base() -> type:
+    """A ``torch.nn.Module`` base that TRL 1.12's private ``trl.experimental.utils.get_reward`` reads as a
+    sequence-classification reward model: it calls ``getattr(model, model.base_model_prefix)(input_ids=...,
+    attention_mask=...)`` for ``hidden_states``, then ``model.score(hidden_states[-1])``, and takes the
+    value at each sequence's last real token. A subclass defines ``sequence_scores(input_ids,
+    attention_mask) -> list[float]``; the base broadcasts them over the sequence. If ``get_reward`` reads a
+    model differently, PPO with rule rewards scores wrongly or fails.
+    """
+    from types import SimpleNamespace
+
+    import torch
+
+    class PPORewardModel(torch.nn.Module):
+        base_model_prefix = "backbone"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.score = torch.nn.Identity()
+
+        def backbone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> SimpleNamespace:
+            values = self.sequence_scores(input_ids, attention_mask)
+            scores = torch.tensor(values, dtype=torch.float32, device=input_ids.device)
+            hidden = scores[:, None, None].expand(input_ids.shape[0], input_ids.shape[1], 1)
+            return SimpleNamespace(hidden_states=(hidden,))
+
+        def sequence_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
+            raise NotImplementedError
+
+    return PPORewardModel
+
+
+# --- PEFT (0.21) ----------------------------------------------------------------------------------
+
+
+def peft_saved_adapter_dir(save_dir: Path, adapter_name: str) -> Path:
+    """Where PEFT 0.21's ``PeftModel.save_pretrained`` writes a non-``default`` adapter: a subfolder named
+    after it (TRL's frozen ``ref`` copy lands in ``ref/``). If PEFT moves it, a saved run adapter would
+    carry the KL reference along with the trained adapter."""
+    return save_dir / adapter_name
+
+
+def is_peft_adapter_parameter(name: str) -> bool:
+    """Whether a parameter name is one of PEFT 0.21's adapter weights (``lora_A``/``lora_B`` ...) or a
+    fully trained ``modules_to_save`` copy. If PEFT renames them, an adapter loaded to continue training
+    under Unsloth would stay frozen."""
+    return "lora_" in name or "modules_to_save" in name
+
+
+# --- transformers (5.17) --------------------------------------------------------------------------
+
+
+def known_trackers() -> frozenset[str]:
+    """The ``report_to`` names transformers 5.17 knows (``INTEGRATION_TO_CALLBACK``, undocumented). If it
+    moves, every recipe's ``trainer.report_to`` check fails with an ImportError here."""
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
+
+    return frozenset(INTEGRATION_TO_CALLBACK)
+
+
+def tensorboard_writer(callback: Any) -> Any:
+    """The ``SummaryWriter`` of transformers 5.17's ``TensorBoardCallback`` (its ``tb_writer`` attribute,
+    None before the run opens it). If renamed, the resolved recipe silently stops reaching TensorBoard."""
+    return getattr(callback, "tb_writer", None)
+
+
+def config_name_or_path(config: Any) -> str:
+    """The checkpoint a transformers 5.17 config was loaded from (the private ``_name_or_path``; the public
+    ``name_or_path`` property is the same value). If it goes, run records lose the base they trained on."""
+    return config._name_or_path
+
+
+def qwen2_pretokenize_regex() -> str:
+    """transformers 5.17's ``PRETOKENIZE_REGEX`` from ``models.qwen2.tokenization_qwen2`` (a module
+    constant): the tiny model's tokenizer splits text as Qwen2/3 does. If it moves, building the tiny
+    model fails with an ImportError here."""
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    return PRETOKENIZE_REGEX
+
+
+# --- bitsandbytes (0.50) --------------------------------------------------------------------------
+
+
+def disable_cpu_bf16_packing(model: Any) -> None:
+    """Keep bitsandbytes 0.50's plain nf4 layout on CPU: ``Linear4bit.support_avx512bf16_for_cpu`` makes it
+    repack the weights on first use on CPUs with AVX512-BF16, after which dequantizing and merging read
+    them wrongly. If the attribute is renamed, setting it does nothing and CPU QLoRA merges go wrong on
+    those CPUs only."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
+# --- torch (2.13) ---------------------------------------------------------------------------------
+
+
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes bf16 natively, from torch 2.13's private
+    ``torch.ops.mkldnn._is_mkldnn_bf16_supported``. If it goes, CPU generation raises here."""
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+# --- vLLM (0.27.1) ---------------------------------------------------------------------------------
+
+# The ``max_lora_rank`` values vLLM's ``LoRAConfig`` accepts (``vllm.config.lora.MaxLoRARanks``; its punica
+# kernels are built for these), kept here so recipes are checked without vLLM. If vLLM changes them, a
+# colocated engine refuses the rank rlkit picks.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+# --- Unsloth (2026.10) -----------------------------------------------------------------------------
+
+
+def keep_unsloth_compiled_cache_in(directory: Path) -> None:
+    """Point Unsloth's generated trainer code at ``directory`` (``UNSLOTH_COMPILE_LOCATION``, read by
+    unsloth_zoo at import; default ``./unsloth_compiled_cache`` of the working directory). A location the
+    user set wins. If Unsloth stops reading it, the cache lands in the working directory again."""
+    import os
+
+    os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(directory))
+

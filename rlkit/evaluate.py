@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlkit import safety
+from rlkit import jsonl, safety
 from rlkit.errors import UserError
 
 log = logging.getLogger("rlkit")
@@ -78,7 +78,7 @@ def evaluate(
                  max_new_tokens=recipe.eval.max_new_tokens, batch_size=recipe.eval.batch_size,
                  show_progress=show_progress, on_batch=write_batch)
         elapsed = time.time() - started
-        examples = safety.read_records(sink.path)
+        examples = jsonl.read_records(sink.path)
         results = {
             "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
             "accuracy": sum(e["correct"] for e in examples) / len(examples), "seconds": round(elapsed, 2),

@@ -23,9 +23,9 @@ from typing import Any
 @cache
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU runs bf16 matmuls natively (oneDNN's check: AVX512-BF16 or AMX)."""
-    import torch
+    from rlkit.compat import cpu_supports_bf16
 
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return cpu_supports_bf16()
 
 
 def for_generation(model: Any, dtype_setting: str = "auto") -> Any:

@@ -29,8 +29,9 @@ from rlkit.errors import UserError
 
 log = logging.getLogger("rlkit")
 
-CONFIGS_DIR = Path(__file__).resolve().parent / "accelerate_configs"
-NAMED_CONFIGS = ("single_gpu", "multi_gpu", "zero2", "zero3", "fsdp")
+# rlkit's names for the accelerate configs TRL ships in ``trl/accelerate_configs/`` (``fsdp`` is TRL's FSDP2).
+NAMED_CONFIGS = {"single_gpu": "single_gpu", "multi_gpu": "multi_gpu", "zero2": "zero2", "zero3": "zero3",
+                 "fsdp": "fsdp2"}
 _DEEPSPEED = ("zero2", "zero3")
 _GPU_ONLY = (*_DEEPSPEED, "fsdp")
 # rlkit's own launch flags (each takes a value): they configure accelerate and never reach the ranks.
@@ -41,15 +42,15 @@ LAUNCHED_ENV = "RLKIT_LAUNCHED"
 
 
 def config_path(name_or_path: str | Path) -> Path:
-    """A shipped accelerate config by name (``zero2``) or an existing YAML file."""
+    """A config TRL ships, by rlkit's name (``zero2``), or an existing YAML file; found by ``trl.cli``'s resolver."""
+    from rlkit.compat import trl_accelerate_config
+
     name = str(name_or_path)
-    if name in NAMED_CONFIGS:
-        return CONFIGS_DIR / f"{name}.yaml"
     path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    raise UserError(f"--accelerate-config {name!r}: not a shipped config ({', '.join(NAMED_CONFIGS)}) "
-                    "nor an existing accelerate config file")
+    if name not in NAMED_CONFIGS and not path.is_file():
+        raise UserError(f"--accelerate-config {name!r}: not a shipped config ({', '.join(NAMED_CONFIGS)}) "
+                        "nor an existing accelerate config file")
+    return trl_accelerate_config(NAMED_CONFIGS.get(name, str(path)))
 
 
 def strip_launch_flags(argv: Sequence[str]) -> list[str]:

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rlkit import safety
+from rlkit import jsonl, safety
 from rlkit.errors import UserError
 
 log = logging.getLogger("rlkit")
@@ -99,7 +99,7 @@ def build_pairs(
                      num_return_sequences=spec.samples, temperature=spec.temperature, show_progress=show_progress,
                      description=f"sampling {spec.samples} per prompt", on_batch=write_batch)
             seconds = time.time() - started
-    written_now = len(safety.read_records(out))
+    written_now = len(jsonl.read_records(out))
     summary = {
         "recipe": recipe.name, "model": label, "out": str(out), "prompts": len(rows), "samples": spec.samples,
         "pairs": written_now, "min_gap": spec.min_gap, "tied_prompts": tied,

@@ -72,19 +72,10 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The logged rows; a last line that does not parse is being appended by a running trainer and is skipped."""
-    if not path.is_file():
-        return []
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = []
-    for number, line in enumerate(lines, 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if number == len(lines):
-                break
-            raise UserError(f"{path}:{number}: not valid JSON ({e.msg}); the file is damaged") from None
-    return [row for row in rows if isinstance(row, dict)]
+    """The logged rows; a half-written last line is being appended by a running trainer and is skipped."""
+    from rlkit.jsonl import read_records
+
+    return read_records(path, torn_tail="drop", missing_ok=True)
 
 
 def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:

@@ -396,7 +396,7 @@ def require_response_parser(tokenizer: Any) -> None:
     """Give the tokenizer TRL's response parser for its chat template (how tool calls are read from text)."""
     if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
         return
-    from trl.chat_template_utils import add_response_schema
+    from rlkit.compat import add_response_schema
 
     try:
         add_response_schema(tokenizer)
@@ -410,14 +410,14 @@ def training_template(tokenizer: Any) -> str | None:
     """The chat template TRL trains tool episodes with: the model's own if it keeps earlier turns verbatim,
     else TRL's prefix-preserving variant (Qwen3's stock template drops earlier ``<think>`` blocks). Rollouts
     render with it so a policy is evaluated on the context it was trained on."""
-    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+    from rlkit.compat import get_training_chat_template, is_chat_template_prefix_preserving
 
     return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
 
 
 def parsed_turn(tokenizer: Any, ids: list[int], prompt_ids: list[int], max_new_tokens: int, seconds: float) -> Turn:
     """A generated token sequence as an assistant message, tool calls parsed the way TRL parses them."""
-    from trl.chat_template_utils import parse_response
+    from rlkit.compat import parse_response
 
     finished = bool(ids) and ids[-1] == tokenizer.eos_token_id
     message = parse_response(tokenizer, ids, prefix=prompt_ids) if ids else {"role": "assistant", "content": ""}
@@ -663,8 +663,10 @@ def _play(recipe: Any, rows: list[dict[str, Any]], make_env: Callable[[], Any], 
 
 def _in_row_order(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rewrite a finished trajectories file (written as episodes ended) in the split's row order."""
+    from rlkit.jsonl import read_records
+
     place = {str(row.get("id", i)): i for i, row in enumerate(rows)}
-    records = sorted(safety.read_records(path), key=lambda r: place.get(str(r.get("id")), len(place)))
+    records = sorted(read_records(path), key=lambda r: place.get(str(r.get("id")), len(place)))
     runs.write_jsonl(records, path)
     return records
 

@@ -234,12 +234,9 @@ def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The logged rows; a half-written last line (SIGKILL, a full disk) is dropped, not an error."""
-    from rlkit.safety import read_records
+    from rlkit.jsonl import read_records
 
-    path = Path(run_dir) / METRICS
-    if not path.is_file():
-        return []
-    return read_records(path)
+    return read_records(Path(run_dir) / METRICS, torn_tail="drop", missing_ok=True)
 
 
 def metrics_callback(run_dir: Path):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.jsonl import read_records
 
 log = logging.getLogger("rlkit")
 
@@ -226,35 +227,6 @@ def write_text(path: str | Path, text: str) -> None:
         raise os_error(e, path) from None
 
 
-def read_records(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
-    """The records of a JSONL file rlkit wrote. A half-written last line (a kill, a full disk) is dropped,
-    and with ``repair`` cut from the file so that appending continues on a clean line."""
-    path = Path(path)
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    records: list[dict[str, Any]] = []
-    kept = 0  # bytes of whole lines
-    for n, line in enumerate(lines, 1):
-        last = n == len(lines)
-        try:
-            record = json.loads(line.decode("utf-8")) if line.strip() else None
-        except (UnicodeDecodeError, ValueError):
-            if last:
-                log.warning("%s: dropping a half-written last line", path)
-                break
-            raise UserError(f"{path}:{n}: not a JSON line; the file was not written by rlkit or is damaged") from None
-        if record is not None:
-            records.append(record)
-        kept += len(line) + (0 if last else 1)
-    if repair and kept < len(data):
-        with path.open("r+b") as f:
-            f.truncate(kept)
-    elif repair and data and not data.endswith(b"\n"):
-        with path.open("ab") as f:
-            f.write(b"\n")
-    return records
-
-
 class JsonlAppender:
     """Append one flushed JSON line per record. ``resume`` keeps what the file already holds."""
 
@@ -264,7 +236,7 @@ class JsonlAppender:
         if resume and self.path.exists():
             # Only a file rlkit wrote is continued (and its torn last line cut): never a user's file.
             check_replaceable_file(self.path, "--out", keys)
-            self.done = read_records(self.path, repair=True)
+            self.done = read_records(self.path, torn_tail="cut")
         elif not resume and self.path.exists():
             raise UserError(f"{self.path}: already exists; pass --resume to continue it or choose a new file")
         make_parent(self.path, "output")

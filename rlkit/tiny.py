@@ -126,14 +126,14 @@ def _build_tokenizer():
     """Train byte-level BPE with Qwen3's normalizer and pre-tokenizer, wrapped as a `Qwen2Tokenizer`."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import AddedToken, Qwen2Tokenizer
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-    from trl.chat_template_utils import qwen3_chat_template
+
+    from rlkit.compat import qwen2_pretokenize_regex, qwen3_chat_template
 
     # The same pipeline `Qwen2Tokenizer.__init__` builds; its regex isolates each digit (`\p{N}`).
     bpe = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     bpe.normalizer = normalizers.NFC()
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(qwen2_pretokenize_regex()), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     n_learned = VOCAB_SIZE - len(SPECIAL_TOKENS) - len(ADDED_TOKENS)
@@ -157,7 +157,7 @@ def _build_tokenizer():
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
                          special_tokens=True)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    tokenizer.chat_template = qwen3_chat_template
+    tokenizer.chat_template = qwen3_chat_template()
     if len(tokenizer) != VOCAB_SIZE:
         raise RuntimeError(f"tokenizer has {len(tokenizer)} tokens, expected {VOCAB_SIZE}")
     return tokenizer

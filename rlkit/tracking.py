@@ -32,15 +32,18 @@ _PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow",
 
 def check(report_to: list[str], source: str = "<recipe>") -> None:
     """Refuse an integration transformers does not know, or one whose package is not installed."""
-    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    from rlkit.compat import known_trackers
 
+    trackers = known_trackers()
     for name in report_to:
-        if name not in INTEGRATION_TO_CALLBACK:
-            known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
+        if name not in trackers:
+            known = ", ".join(sorted(trackers))
             raise UserError(f"{source}: trainer.report_to: unknown tracker {name!r}; use none or some of: {known}")
         package = _PACKAGES.get(name, name)
         if name == "tensorboard":
-            if not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
+            from transformers.integrations import is_tensorboard_available
+
+            if not is_tensorboard_available():  # tensorboard or tensorboardX, as its callback takes either
                 raise UserError(f"{source}: trainer.report_to: tensorboard is not installed; "
                                 "`pip install tensorboard`, or drop it from report_to")
         elif importlib.util.find_spec(package) is None:
@@ -121,10 +124,13 @@ def config_callback(trainer: Any, resolved: dict[str, Any]) -> Any:
                 import yaml
                 from transformers.integrations import TensorBoardCallback
 
+                from rlkit.compat import tensorboard_writer
+
                 for cb in trainer.callback_handler.callbacks:
-                    if isinstance(cb, TensorBoardCallback) and getattr(cb, "tb_writer", None) is not None:
+                    writer = tensorboard_writer(cb) if isinstance(cb, TensorBoardCallback) else None
+                    if writer is not None:
                         text = yaml.safe_dump(resolved, sort_keys=False)
-                        cb.tb_writer.add_text("rlkit/recipe", f"```yaml\n{text}\n```")
+                        writer.add_text("rlkit/recipe", f"```yaml\n{text}\n```")
 
     return RecipeConfig()
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit import backends, handoff, progress, runs, safety, secrets, tracking
+from rlkit import backends, compat, handoff, progress, runs, safety, secrets, tracking
 from rlkit.backends import backend_request, cuda_available
 from rlkit.backends.hf import loaded_base
 from rlkit.errors import Interrupted, UserError
@@ -183,7 +183,7 @@ def _save_adapter(trainer: Any, tokenizer: Any, adapter: Path, main: bool = True
     if main:
         # Continuing from init_from with a KL reference, TRL keeps a frozen copy of the starting adapter
         # named "ref", and PEFT saves every adapter: the run's adapter is the trained one alone.
-        shutil.rmtree(partial / "ref", ignore_errors=True)
+        shutil.rmtree(compat.peft_saved_adapter_dir(partial, "ref"), ignore_errors=True)
         tokenizer.save_pretrained(str(partial))
         shutil.rmtree(adapter, ignore_errors=True)
         os.replace(partial, adapter)

@@ -80,7 +80,7 @@ def test_pairs_command_line(tmp_path):
 
 
 def test_pairs_are_appended_and_resume_samples_only_prompts_without_a_pair(tmp_path, digit_share):
-    from rlkit.safety import read_records
+    from rlkit.jsonl import read_records
 
     out = tmp_path / "pairs.jsonl"
     overrides = ["rewards=[{name: 'my_rewards:digit_share', weight: 2.0}]", "pairs.temperature=1.5",

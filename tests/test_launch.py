@@ -7,9 +7,9 @@ import importlib.resources
 import importlib.util
 import logging
 import sys
+from pathlib import Path
 
 import pytest
-import yaml
 
 from rlkit import launch
 from rlkit.errors import UserError
@@ -42,10 +42,8 @@ def test_named_configs_are_trl_s_and_load_in_accelerate(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
     path = config_path(name)
-    assert path == launch.CONFIGS_DIR / f"{name}.yaml" and path.is_file()
-    assert path.read_text().startswith(f"# Copied verbatim from TRL 1.12.0, trl/accelerate_configs/{TRL_CONFIGS[name]}")
     trl_file = importlib.resources.files("trl.accelerate_configs").joinpath(f"{TRL_CONFIGS[name]}.yaml")
-    assert yaml.safe_load(path.read_text()) == yaml.safe_load(trl_file.read_text())
+    assert path == Path(str(trl_file)) and path.is_file()
     expected = {"single_gpu": "NO", "multi_gpu": "MULTI_GPU", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED",
                 "fsdp": "FSDP"}[name]
     assert load_config_from_file(str(path)).distributed_type.value == expected
@@ -60,14 +58,6 @@ def test_config_path_takes_a_file_and_names_the_choices_otherwise(tmp_path):
     message = str(info.value)
     assert "\n" not in message
     assert "'zero4'" in message and "single_gpu, multi_gpu, zero2, zero3, fsdp" in message
-
-
-def test_configs_ship_as_package_data():
-    tomllib = pytest.importorskip("tomllib")
-    pyproject = tomllib.loads((recipes_dir().parent / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["rlkit"]
-    shipped = {p.name for pattern in patterns for p in launch.CONFIGS_DIR.parent.glob(pattern)}
-    assert {f"{name}.yaml" for name in launch.NAMED_CONFIGS} <= shipped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,7 +85,7 @@ def test_multi_node_command_with_a_named_config():
                           "--machine-rank", "1", "--main-process-ip", "10.0.0.1", "--main-process-port", "29501"],
                          num_processes=16, accelerate_config="zero3", num_machines=2, machine_rank=1,
                          main_process_ip="10.0.0.1", main_process_port=29501, cpu=False)
-    assert cmd == [*PREFIX, "--config_file", str(launch.CONFIGS_DIR / "zero3.yaml"),
+    assert cmd == [*PREFIX, "--config_file", str(importlib.resources.files("trl.accelerate_configs") / "zero3.yaml"),
                    "--num_processes", "16", "--num_machines", "2", "--machine_rank", "1",
                    "--main_process_ip", "10.0.0.1", "--main_process_port", "29501",
                    "-m", "rlkit", "train", "recipes/gsm8k_grpo.yaml"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from typing import Any
 
+from rlkit import compat
 from rlkit.cache import cache_dir
 from rlkit.errors import UserError
 from rlkit.recipe import Recipe
@@ -69,7 +69,7 @@ def prepare_unsloth_env() -> None:
     the command runs in (and imports it from there): keep it in rlkit's cache instead. A location the
     user set wins.
     """
-    os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(cache_dir() / "unsloth_compiled_cache"))
+    compat.keep_unsloth_compiled_cache_in(cache_dir() / "unsloth_compiled_cache")
 
 
 def backend_request(recipe: Recipe) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkit import compat
 from rlkit.errors import UserError
 from rlkit.recipe import LoraSpec, ModelSpec
 
@@ -64,7 +65,7 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
     auto_class = AutoModelForSequenceClassification if head == "score" else AutoModelForCausalLM
     model = _from_pretrained(auto_class, name, **kwargs)
     if four_bit and not cuda:
-        _disable_cpu_bf16_packing(model)
+        compat.disable_cpu_bf16_packing(model)
     tokenizer = load_tokenizer(name)
     if head == "score":
         # The score is read at the last non-pad token, which needs the pad id in the config.
@@ -122,7 +123,7 @@ def loaded_base(model: Any) -> dict[str, Any]:
     quant = getattr(config, "quantization_config", None)
     if quant is not None and not isinstance(quant, dict):
         quant = quant.to_dict()
-    return {"name_or_path": config._name_or_path, "quantization": _jsonable_quantization(quant),
+    return {"name_or_path": compat.config_name_or_path(config), "quantization": _jsonable_quantization(quant),
             "dtype": str(model.dtype).removeprefix("torch.")}
 
 
@@ -152,14 +153,6 @@ def _from_pretrained(cls: Any, name: str, **kwargs: Any):
     except OSError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"model.name_or_path: cannot load {name!r}: {first}") from None
-
-
-def _disable_cpu_bf16_packing(model: Any) -> None:
-    # bitsandbytes on CPUs with AVX512-BF16 repacks nf4 weights on first use, which breaks
-    # dequantize/merge afterwards (see stack-facts.md): keep the plain layout.
-    for module in model.modules():
-        if hasattr(module, "support_avx512bf16_for_cpu"):
-            module.support_avx512bf16_for_cpu = False
 
 
 def lora_config(spec: LoraSpec | None, *, head: str = "causal"):

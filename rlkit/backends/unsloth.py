@@ -12,6 +12,7 @@ import unsloth  # noqa: F401  -- must precede trl/transformers/peft
 from unsloth import FastLanguageModel
 
 from rlkit.backends.unsloth_args import from_pretrained_kwargs, peft_kwargs
+from rlkit.compat import is_peft_adapter_parameter
 from rlkit.recipe import LoraSpec, ModelSpec
 
 log = logging.getLogger("rlkit")
@@ -28,7 +29,7 @@ def load(spec: ModelSpec, lora: LoraSpec | None, init_from: str | None, *, fast_
         # A loaded adapter dir is already a PeftModel; get_peft_model again would raise
         # "Your model already has LoRA adapters". Make its LoRA weights trainable instead.
         for pname, param in model.named_parameters():
-            if "lora_" in pname or "modules_to_save" in pname:
+            if is_peft_adapter_parameter(pname):
                 param.requires_grad_(True)
         return model, tokenizer
     if lora is not None:

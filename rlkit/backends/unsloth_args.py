@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkit.compat import VLLM_LORA_RANKS
 from rlkit.errors import UserError
 from rlkit.recipe import LoraSpec, ModelSpec
 
-# vLLM's LoRAConfig accepts only these max_lora_rank values (its punica kernels are built for them).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Unsloth wants explicit module names; these are the linear layers of Qwen/Llama-style models.
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.jsonl import numbered_records
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -28,7 +28,8 @@ def load_source(source: Any, required: tuple[str, ...] = ()):
         if local.stat().st_size == 0:
             raise UserError(f"{path}: the dataset is empty")
         if local.suffix == ".jsonl":
-            _check_json_lines(local)
+            for _ in numbered_records(local):  # names the first bad line, which datasets' own error does not
+                pass
         quiet = logging.getLogger("datasets")
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)  # its error log would repeat ours, less clearly
@@ -45,39 +46,6 @@ def load_source(source: Any, required: tuple[str, ...] = ()):
     if missing:
         raise UserError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(ds.column_names)}")
     return ds
-
-
-def _check_json_lines(path: Path) -> None:
-    """Name the first line of a JSONL file that is not a JSON object (datasets' own error does not)."""
-    for _ in json_objects(path):
-        pass
-
-
-def json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for each non-empty line of a JSONL file; a bad line is a UserError naming it."""
-    import json
-
-    try:
-        f = path.open(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it: {e.strerror or e}") from None
-    with f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line.rstrip())
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno})") from None
-            except ValueError as e:  # an integer longer than Python converts (4300 digits by default)
-                raise UserError(f"{path}: line {number}: {str(e).split(';')[0]}") from None
-            except RecursionError:
-                raise UserError(f"{path}: line {number} is nested too deeply to read") from None
-            if not isinstance(value, dict):
-                raise UserError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object")
-            yield number, value
 
 
 def _load_hub(path: str, name: str | None, split: str):

@@ -94,7 +94,7 @@ def _end_of_turn(ctx: Context, tok: Any) -> Check:
 
 def _training_template(tok: Any) -> tuple[str | None, str | None]:
     """(TRL's training template or None when the stock one is fine, None or why TRL cannot patch it)."""
-    from trl.chat_template_utils import get_training_chat_template
+    from rlkit.compat import get_training_chat_template
 
     try:
         return get_training_chat_template(tok), None
@@ -103,7 +103,7 @@ def _training_template(tok: Any) -> tuple[str | None, str | None]:
 
 
 def _prefix_and_tools(ctx: Context, tok: Any) -> list[Check]:
-    from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+    from rlkit.compat import is_chat_template_prefix_preserving, supports_tool_calling
 
     multi_turn = ctx.recipe.env is not None and ctx.recipe.algorithm == "grpo"
     if not supports_tool_calling(tok):
@@ -130,7 +130,7 @@ def _prefix_and_tools(ctx: Context, tok: Any) -> list[Check]:
 def _tool_round_trip(ctx: Context, tok: Any, multi_turn: bool) -> Check:
     import copy
 
-    from trl.chat_template_utils import add_response_schema, parse_response
+    from rlkit.compat import add_response_schema, parse_response
 
     tok = copy.copy(tok)  # the response parser is attached to a copy; the shared tokenizer stays as loaded
     try:
@@ -203,7 +203,7 @@ def _row_kwargs(ctx: Context, row: dict[str, Any]) -> dict[str, Any]:
 
 def _assistant_mask(ctx: Context, tok: Any, rows: Any) -> Check:
     """As SFTTrainer masks with assistant_only_loss: TRL's training template when the stock one lacks markers."""
-    from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained
+    from rlkit.compat import has_generation_markers, is_chat_template_stop_token_trained
 
     name = "loss mask"
     template = None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlkit.compat import TRL_NON_TOOL_METHODS, trl_tool_error
 from rlkit.data import env_presets
 from rlkit.envs.calculator import CalculatorEnv
 from rlkit.envs.retrieval import RetrievalEnv
@@ -37,7 +38,6 @@ class Env(Protocol):
 
 
 ENVS: Registry[type[Env]] = Registry("environment", {"calculator": CalculatorEnv, "retrieval": RetrievalEnv})
-_NOT_TOOLS = ("reset", "get_reward")  # the public methods TRL does not expose as tools
 
 
 def env_class(name: str) -> type[Env]:
@@ -89,7 +89,7 @@ def make_factory(recipe: Recipe) -> Callable[[], Any]:
 def tools_of(env: Any) -> dict[str, Callable[..., Any]]:
     """The environment's tools by name, as TRL picks them: public methods except ``reset``/``get_reward``."""
     return {name: method for name, method in inspect.getmembers(env, inspect.ismethod)
-            if not name.startswith("_") and name not in _NOT_TOOLS}
+            if not name.startswith("_") and name not in TRL_NON_TOOL_METHODS}
 
 
 def tool_schemas(env: Any) -> list[dict[str, Any]]:
@@ -105,7 +105,7 @@ def class_tool_schemas(cls: type) -> list[dict[str, Any]]:
 
     # get_json_schema drops an untyped leading `self`, so plain functions give the bound methods' schemas.
     return [get_json_schema(func) for name, func in inspect.getmembers(cls, inspect.isfunction)
-            if not name.startswith("_") and name not in _NOT_TOOLS]
+            if not name.startswith("_") and name not in TRL_NON_TOOL_METHODS]
 
 
 @dataclass
@@ -138,7 +138,7 @@ def call_tool(env: Any, name: str, arguments: dict[str, Any] | str, timeout: flo
             raise ValueError(f"Tool {name} not found; available tools: {', '.join(tools) or 'none'}")
         content, error = str(_run(tools[name], parsed, timeout)), None
     except Exception as e:  # as in TRL: a failed call is the model's tool result, never a crash
-        content, error, timed_out = str({"error": str(e)}), str(e), isinstance(e, _ToolTimeout)
+        content, error, timed_out = trl_tool_error(str(e)), str(e), isinstance(e, _ToolTimeout)
     return ToolResult(name, parsed, content, error, time.perf_counter() - start, timed_out)
 
 

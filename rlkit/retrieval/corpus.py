@@ -164,9 +164,9 @@ def _load_array(path: Path, spec: Any) -> list[Document]:
 
 
 def _load_jsonl(path: Path, spec: Any) -> list[Document]:
-    from rlkit.data.sources import json_objects
+    from rlkit.jsonl import numbered_records
 
-    numbered = list(json_objects(path))
+    numbered = list(numbered_records(path))
     return _from_rows([row for _, row in numbered], str(path), spec, "line", [n for n, _ in numbered])
 
 

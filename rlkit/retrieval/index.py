@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError
+from rlkit.jsonl import read_records
 from rlkit.retrieval.chunking import Chunk, chunk_documents, load_tokenizer
 from rlkit.retrieval.corpus import byline, corpus_identity, load_documents
 
@@ -194,8 +195,7 @@ def _default_cache_root() -> Path:
 
 
 def _load(spec: Any, path: Path, started: float) -> Retriever:
-    with (path / "chunks.jsonl").open(encoding="utf-8") as f:
-        chunks = [Chunk(**json.loads(line)) for line in f]
+    chunks = [Chunk(**record) for record in read_records(path / "chunks.jsonl")]
     bm25 = embeddings = None
     if spec.method != "dense":
         bm25s = _bm25s()

@@ -21,22 +21,19 @@ from __future__ import annotations
 
 import collections
 import logging
-from types import SimpleNamespace
 from typing import Any
 
 import torch
+
+from rlkit import compat
+from rlkit.compat import ppo_reward_model_base
 
 log = logging.getLogger("rlkit")
 HEAD = "causal"
 
 
 def config_class() -> type:
-    import os
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rlkit pins TRL; the warning says nothing new
-    from trl.experimental.ppo import PPOConfig  # experimental in TRL 1.12, removed in 1.13 (hence the pin)
-
-    return PPOConfig
+    return compat.ppo_config_class()
 
 
 def dataset(recipe: Any):
@@ -66,8 +63,7 @@ def check_config(args: Any, source: str) -> None:
 
 def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
-    from trl.experimental.ppo import PPOTrainer
-
+    from rlkit.compat import ppo_trainer_class
     from rlkit.trainers.reward import load_score_model
 
     if recipe.init_from:
@@ -87,7 +83,7 @@ def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: A
         reward_model = RuleRewardModel(recipe, tokenizer, train_ds, prompts)
         extra_callbacks = [reward_model.callback()]
     value_model = _value_model(recipe, tokenizer)
-    return PPOTrainer(args=args, processing_class=tokenizer, model=model, ref_model=None,
+    return ppo_trainer_class()(args=args, processing_class=tokenizer, model=model, ref_model=None,
                       reward_model=reward_model, train_dataset=prompts, value_model=value_model,
                       eval_dataset=eval_rows, peft_config=peft_config,
                       callbacks=extra_callbacks + callbacks)
@@ -135,16 +131,14 @@ def _value_model(recipe: Any, tokenizer: Any):
     return get_peft_model(model, hf.lora_config(recipe.lora, head="score")).get_base_model()
 
 
-class RuleRewardModel(torch.nn.Module):
-    """rlkit's reward functions, shaped like the sequence-classification model PPOTrainer expects.
+class RuleRewardModel(ppo_reward_model_base()):
+    """rlkit's reward functions, shaped like the sequence-classification model PPOTrainer expects
+    (:func:`rlkit.compat.ppo_reward_model_base`).
 
-    ``backbone(input_ids, attention_mask)`` decodes every sequence, splits it into the prompt (looked
-    up among the dataset's tokenized prompts, which also gives the row's columns such as ``answer``)
-    and the response, scores the response with the recipe's weighted rewards, and returns the score
-    broadcast over the sequence as ``hidden_states[-1]``; ``score`` is the identity.
+    ``sequence_scores(input_ids, attention_mask)`` decodes every sequence, splits it into the prompt
+    (looked up among the dataset's tokenized prompts, which also gives the row's columns such as
+    ``answer``) and the response, and scores the response with the recipe's weighted rewards.
     """
-
-    base_model_prefix = "backbone"
 
     def __init__(self, recipe: Any, tokenizer: Any, rows: Any, prompts: Any) -> None:
         from rlkit.rewards import RewardSet
@@ -157,16 +151,10 @@ class RuleRewardModel(torch.nn.Module):
         for i, ids in enumerate(prompts["input_ids"]):
             self.index.setdefault(tuple(ids), i)
         self.lengths = sorted({len(k) for k in self.index}, reverse=True)
-        self.score = torch.nn.Identity()
         self.history: collections.deque = collections.deque(maxlen=256)  # recent scored batches
         self._pending: dict[str, list[float]] = collections.defaultdict(list)
 
-    def backbone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **_: Any) -> SimpleNamespace:
-        scores = torch.tensor(self.rewards(input_ids, attention_mask), dtype=torch.float32, device=input_ids.device)
-        hidden = scores[:, None, None].expand(input_ids.shape[0], input_ids.shape[1], 1)
-        return SimpleNamespace(hidden_states=(hidden,))
-
-    def rewards(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
+    def sequence_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
         found = [self._split(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention_mask, strict=True)]
         rows = [self.rows[i] for i, _ in found]
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for _, ids in found]
