@@ -1,6 +1,6 @@
 """rlkit's batched generation: what a caller writes batch by batch is what it returns, prompt by prompt."""
 
-from rlkit.evaluate import generate
+from rlkit.inference.generate import generate
 from rlkit.tiny import tiny_model_path
 
 
