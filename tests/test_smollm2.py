@@ -81,9 +81,8 @@ def test_missing_wheel_offline_is_one_line(tmp_path, monkeypatch):
 
 
 def test_template_round_trip_prefixes_and_masks(tok):
-    from trl.chat_template_utils import is_chat_template_prefix_preserving, is_chat_template_stop_token_trained
-
     from rlkit.agents.turns import parsed_turn, require_response_parser, training_template
+    from rlkit.compat import is_chat_template_prefix_preserving, is_chat_template_stop_token_trained
 
     require_response_parser(tok)  # keeps the parser the build saved
     assert tok.response_template["fields"]["tool_calls"]["open"] == "<tool_call>"
