@@ -56,9 +56,9 @@ def chat(target: str, *, env: str | None = None, recipe_path: Path | None = None
         tools = _tools(episode.env)
         max_turns = recipe.env.max_turns if make_env else 0
         while not episode.done:
-            shown = len(episode.messages)
+            seen = len(episode.messages)
             episode.take(policy.generate([episode.messages], tools)[0], max_turns=max_turns, tool_timeout=30.0)
-            _show(console, episode.messages[shown:])
+            _show(console, episode.messages[seen:])
         if episode.error:
             console.print(f"[red]error:[/] {shown(episode.error)}")
         elif episode.stopped_by:

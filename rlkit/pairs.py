@@ -86,9 +86,9 @@ def build_pairs(
             totals: list[float] = []
             tied = 0
 
-            def write_batch(first: int, texts: list[str]) -> None:
+            def write_batch(first: int, texts: list[str]) -> None:  # first: the batch's first prompt
                 nonlocal tied
-                batch = rows.select(range(first // spec.samples, (first + len(texts)) // spec.samples))
+                batch = rows.select(range(first, first + len(texts) // spec.samples))
                 pairs, scores, ties = _pairs(batch, texts, spec.samples, spec.min_gap, rewards)
                 for pair in pairs:
                     sink.write(pair)
