@@ -58,7 +58,7 @@ def chat(target: str, *, env: str | None = None, recipe_path: Path | None = None
         while not episode.done:
             seen = len(episode.messages)
             episode.take(policy.generate([episode.messages], tools)[0], max_turns=max_turns, tool_timeout=30.0)
-            _show(console, episode.messages[seen:])
+            show_messages(console, episode.messages[seen:])
         if episode.error:
             console.print(f"[red]error:[/] {shown(episode.error)}")
         elif episode.stopped_by:
@@ -128,7 +128,8 @@ def shown(text: Any) -> str:
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _show(console: Any, messages: list[dict[str, Any]]) -> None:
+def show_messages(console: Any, messages: list[dict[str, Any]]) -> None:
+    """A turn's new messages: reasoning dimmed, the answer, each tool call and its (shortened) result."""
     for message in messages:
         if message["role"] == "assistant":
             if message.get("reasoning_content"):
