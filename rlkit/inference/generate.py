@@ -40,7 +40,7 @@ def render(tokenizer: Any, conversations: Sequence[Any], chat_template_kwargs: d
 
 def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """Token ids of rendered prompts (the chat template already holds the special tokens)."""
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
 def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
@@ -91,7 +91,7 @@ def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwarg
     (to write it).
     """
     def decoded(generations: list[Generation]) -> list[str]:
-        return tokenizer.batch_decode([g.ids for g in generations], skip_special_tokens=True)
+        return [tokenizer.decode(g.ids, skip_special_tokens=True) for g in generations]
 
     write = None if on_batch is None else (lambda first, generations: on_batch(first, decoded(generations)))
     ids = tokenize(tokenizer, render(tokenizer, prompts, chat_template_kwargs))
