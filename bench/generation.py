@@ -4,9 +4,9 @@ Both generate greedy completions for the same GSM8K test prompts (SmolLM2-135M-I
 system prompt, `max_new_tokens` 64) at batch 8 and 32:
 
 - plain: the checkpoint as `from_pretrained` loads it (fp32), prompts in file order, `model.generate`;
-- rlkit: `rlkit.evaluate.generate` on the model `rlkit.evaluate.load_for_eval` returns (what `rlkit eval`,
-  `rlkit rollout`, `rlkit chat` and `rlkit pairs` run): bf16 on a CPU with native bf16, prompts batched
-  by length (see `rlkit/fastgen.py`).
+- rlkit: `rlkit.inference.generate.generate` on the model `rlkit.inference.load.load_for_generation`
+  returns (what `rlkit eval`, `rlkit rollout`, `rlkit chat` and `rlkit pairs` run): bf16 on a CPU with
+  native bf16, prompts batched by length (see `rlkit/inference/fastgen.py`).
 
 Tokens/s counts completion tokens (the decoded completion re-tokenized, the same way for both).
 The two take turns, `REPEAT` times, and each figure is the median, so a change in the machine's load
@@ -67,8 +67,9 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.evaluate import generate, load_for_eval
-    from rlkit.fastgen import cpu_has_native_bf16
+    from rlkit.inference.fastgen import cpu_has_native_bf16
+    from rlkit.inference.generate import generate
+    from rlkit.inference.load import load_for_generation
     from rlkit.recipe import load_recipe, recipes_dir
     from rlkit.rewards.math import extract_answer
     from rlkit.smollm2 import SMOLLM2_MODEL, smollm2_path
@@ -79,7 +80,7 @@ def main() -> None:
     chats, where = prompts()
     recipe = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", [f"model.name_or_path={SMOLLM2_MODEL}",
                          "model.backend=hf", "model.load_in_4bit=false"])
-    fast_model, tokenizer, _ = load_for_eval(recipe, None, None)
+    fast_model, tokenizer, _ = load_for_generation(recipe, None, None)
     plain_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     plain_tok = AutoTokenizer.from_pretrained(path)
 
@@ -127,7 +128,7 @@ def main() -> None:
                  ["batch", "plain fp32 tokens/s", "rlkit tokens/s", "speedup", "same final answer",
                   "same completion text"], rows)],
           what="Generated tokens per second of plain fp32 `model.generate` and of rlkit's generation path "
-               "(`rlkit.evaluate.generate` on the model `load_for_eval` prepares) on the same prompts.",
+               "(`rlkit.inference.generate.generate` on the model `load_for_generation` prepares) on the same prompts.",
           details={"batches": results, "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads()},
           notes=["The two runs alternate on the same machine; on a shared machine their ratio is more trustworthy "
                  "than either absolute figure.",

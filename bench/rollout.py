@@ -1,7 +1,7 @@
 """Rollout engine: episodes/s with every live episode's turn in one batch vs one episode at a time.
 
 The episodes are the calculator agent's (`recipes/gsm8k_calculator_grpo.yaml` with `--smoke`: the tiny
-model, generated GSM8K-format problems, the `calculate` tool), run by `rlkit.rollout.run_episodes` with
+model, generated GSM8K-format problems, the `calculate` tool), run by `rlkit.agents.engine.run_episodes` with
 `HFPolicy`, greedy, the same `max_new_tokens`. Batched: all 16 episodes in one engine call, batch size
 16. One at a time: the same 16 episodes, one engine call each, batch size 1. Target: >= 3x at 16
 episodes. The demo's larger `small` model is measured too, for scale.
@@ -40,18 +40,19 @@ def alternate(runs: dict) -> dict[str, tuple[float, list]]:
 
 
 def measure(attention: str) -> dict:
+    from rlkit.agents.engine import run_episodes
+    from rlkit.agents.hf import HFPolicy
     from rlkit.data import load_rows, task_rows
     from rlkit.envs import make_factory
-    from rlkit.evaluate import load_for_eval
+    from rlkit.inference.load import load_for_generation
     from rlkit.recipe import load_recipe
-    from rlkit.rollout import HFPolicy, run_episodes
 
     # --smoke: the tiny model and generated data; smoke picks eager attention, sdpa is measured too.
     overrides = [f"model.attn_implementation={attention}", f"data.eval.synthetic={EPISODES}"]
     recipe = load_recipe(RECIPE, overrides, smoke=True)
     rows = task_rows(recipe, "eval", load_rows(recipe.data.task, recipe.data.eval)).to_list()
     make_env = make_factory(recipe)
-    model, tokenizer, _ = load_for_eval(recipe, None, None)
+    model, tokenizer, _ = load_for_generation(recipe, None, None)
     kwargs = {"chat_template_kwargs": recipe.model.chat_template_kwargs, "max_new_tokens": MAX_NEW_TOKENS,
               "temperature": 0.0}
     batched = HFPolicy(model, tokenizer, batch_size=EPISODES, **kwargs)
@@ -96,8 +97,9 @@ def main() -> None:
           [table(f"{EPISODES} calculator episodes, greedy, max_new_tokens {MAX_NEW_TOKENS}, median of {REPEAT}",
                  ["model", "attention", "parameters", "batched episodes/s", "one-at-a-time episodes/s", "speedup",
                   "identical completions", "turns (batched run)", "generated tokens"], rows)],
-          what=f"Episodes per second of `rlkit.rollout.run_episodes` with `HFPolicy` when the {EPISODES} episodes' "
-               "turns are generated in one batch vs one episode at a time (batch size 1), same episodes, greedy.",
+          what="Episodes per second of `rlkit.agents.engine.run_episodes` with `HFPolicy` when the "
+               f"{EPISODES} episodes' turns are generated in one batch vs one episode at a time (batch size 1), "
+               "same episodes, greedy.",
           details=results,
           notes=["Random-initialised models never emit a parseable tool call, so each episode is one turn; "
                  "'identical completions' counts episodes whose batched (left-padded) and unbatched greedy "

@@ -2,7 +2,7 @@
 
 The model, the environment and the system prompt come from a run directory's resolved recipe (or
 ``--recipe`` for a bare model); ``--env`` picks or overrides the environment. Turns go through the
-same :class:`rlkit.rollout.Episode` as rollouts, so the tools behave exactly as in training.
+same :class:`rlkit.agents.episodes.Episode` as rollouts, so the tools behave exactly as in training.
 Type ``/reset`` to start over, ``/exit`` (or Ctrl-D) to leave.
 """
 
@@ -11,29 +11,32 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rlkit.agents.episodes import Episode
 from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 
 def chat(target: str, *, env: str | None = None, recipe_path: Path | None = None, max_new_tokens: int = 512,
          temperature: float = 0.0, read=input) -> None:
     from rich.console import Console
 
-    from rlkit.rollout import Episode, HFPolicy
+    from rlkit.agents.hf import HFPolicy
+    from rlkit.inference.load import load_for_generation
 
     recipe, run_dir, model = _resolve(target, recipe_path, env)
     make_env = _env_factory(recipe, env)
-    from rlkit.evaluate import load_for_eval
-
-    lm, tokenizer, label = load_for_eval(recipe, run_dir, model)
+    lm, tokenizer, label = load_for_generation(recipe, run_dir, model)
     policy = HFPolicy(lm, tokenizer, chat_template_kwargs=recipe.model.chat_template_kwargs,
                       max_new_tokens=max_new_tokens, temperature=temperature, batch_size=1)
     system = _system_prompt(recipe)
     console = Console()
     console.print(f"[bold]rlkit chat[/] — {label}" + (f", tools: {recipe.env.name}" if make_env else "")
                   + "  (/reset, /exit)")
-    episode = _new_episode(Episode, make_env, system)
+    episode = _new_episode(make_env, system)
     while True:
         try:
             text = read("you> ").strip()
@@ -42,7 +45,7 @@ def chat(target: str, *, env: str | None = None, recipe_path: Path | None = None
         if text in ("/exit", "/quit"):
             break
         if text == "/reset":
-            episode = _new_episode(Episode, make_env, system)
+            episode = _new_episode(make_env, system)
             console.print("[dim](new conversation)[/]")
             continue
         if not text:
@@ -53,19 +56,19 @@ def chat(target: str, *, env: str | None = None, recipe_path: Path | None = None
         tools = _tools(episode.env)
         max_turns = recipe.env.max_turns if make_env else 0
         while not episode.done:
-            shown = len(episode.messages)
+            seen = len(episode.messages)
             episode.take(policy.generate([episode.messages], tools)[0], max_turns=max_turns, tool_timeout=30.0)
-            _show(console, episode.messages[shown:])
+            show_messages(console, episode.messages[seen:])
         if episode.error:
             console.print(f"[red]error:[/] {shown(episode.error)}")
         elif episode.stopped_by:
             console.print(f"[yellow](stopped after {max_turns} tool rounds)[/]")
 
 
-def _resolve(target: str, recipe_path: Path | None, env: str | None) -> tuple[Any, Path | None, str | None]:
-    """(recipe, run dir, --model for load_for_eval)."""
+def _resolve(target: str, recipe_path: Path | None, env: str | None) -> tuple[Recipe, Path | None, str | None]:
+    """(recipe, run dir, model reference for :func:`rlkit.inference.load.load_for_generation`)."""
     from rlkit import runs
-    from rlkit.evaluate import resolve_target
+    from rlkit.inference.reference import resolve_target
 
     path = Path(target)
     if runs.is_run_dir(path) and recipe_path is None:
@@ -83,7 +86,7 @@ def _resolve(target: str, recipe_path: Path | None, env: str | None) -> tuple[An
     return recipe, None, None
 
 
-def _env_factory(recipe: Any, env: str | None):
+def _env_factory(recipe: Recipe, env: str | None):
     from rlkit.envs import env_class, make_factory
     from rlkit.recipe import EnvSpec
 
@@ -93,19 +96,19 @@ def _env_factory(recipe: Any, env: str | None):
     return make_factory(recipe) if recipe.env is not None else None
 
 
-def _system_prompt(recipe: Any) -> str | None:
+def _system_prompt(recipe: Recipe) -> str | None:
     from rlkit.data import get_task
 
     prompts = getattr(get_task(recipe.data.task), "PROMPTS", None)
     return prompts.get(recipe.data.prompt) if prompts else None
 
 
-def _new_episode(episode_cls: Any, make_env: Any, system: str | None):
+def _new_episode(make_env: Any, system: str | None) -> Episode:
     env = make_env() if make_env else None
     if env is not None:
         env.reset()
     messages = [{"role": "system", "content": system}] if system else []
-    return episode_cls(0, {}, env, messages, prompt_length=len(messages))
+    return Episode(0, {}, env, messages, prompt_length=len(messages))
 
 
 def _tools(env: Any) -> list[dict]:
@@ -125,7 +128,8 @@ def shown(text: Any) -> str:
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _show(console: Any, messages: list[dict[str, Any]]) -> None:
+def show_messages(console: Any, messages: list[dict[str, Any]]) -> None:
+    """A turn's new messages: reasoning dimmed, the answer, each tool call and its (shortened) result."""
     for message in messages:
         if message["role"] == "assistant":
             if message.get("reasoning_content"):

@@ -45,7 +45,8 @@ def build_pairs(
     import torch
 
     from rlkit.data import load_prompt_rows
-    from rlkit.evaluate import generate, load_for_eval
+    from rlkit.inference.generate import generate
+    from rlkit.inference.load import load_for_generation
     from rlkit.recipe import load_recipe
     from rlkit.rewards import RewardSet
 
@@ -79,15 +80,15 @@ def build_pairs(
                 log.info("%s: %d pairs already written; sampling the other %d prompts", out, len(sink.done),
                          len(todo))
             rows = rows.select(todo)
-            lm, tokenizer, label = load_for_eval(recipe, None, model)
+            lm, tokenizer, label = load_for_generation(recipe, None, model)
             torch.manual_seed(spec.seed)
             started = time.time()
             totals: list[float] = []
             tied = 0
 
-            def write_batch(first: int, texts: list[str]) -> None:
+            def write_batch(first: int, texts: list[str]) -> None:  # first: the batch's first prompt
                 nonlocal tied
-                batch = rows.select(range(first // spec.samples, (first + len(texts)) // spec.samples))
+                batch = rows.select(range(first, first + len(texts) // spec.samples))
                 pairs, scores, ties = _pairs(batch, texts, spec.samples, spec.min_gap, rewards)
                 for pair in pairs:
                     sink.write(pair)
@@ -137,3 +138,17 @@ def _pairs(rows: Any, texts: list[str], k: int, min_gap: float, rewards: Any) ->
                       "chosen": completions[best], "rejected": completions[worst],
                       "chosen_reward": totals[best], "rejected_reward": totals[worst]})
     return pairs, totals, tied
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The summary ``build_pairs`` returns, as a table, and where the pairs are."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"pairs: {summary['recipe']} ({summary['model']})", show_header=False)
+    for key in ("prompts", "samples", "pairs", "tied_prompts", "mean_reward", "seconds"):
+        value = summary[key]
+        table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
+    console = Console()
+    console.print(table)
+    console.print(f"pairs written to {summary['out']}")

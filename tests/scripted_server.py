@@ -19,7 +19,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rlkit.rollout import PREFLIGHT_PROMPT
+from rlkit.agents.endpoint import PREFLIGHT_PROMPT
 
 
 class ScriptedServer:

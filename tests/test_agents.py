@@ -8,6 +8,7 @@ import torch
 
 from rlkit.data import gsm8k
 from rlkit.recipe import load_recipe, recipes_dir
+from tests.helpers import script_calculator
 from tests.scripted_server import ScriptedServer
 
 CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
@@ -24,35 +25,7 @@ def test_grpo_with_calculator_masks_exactly_the_tool_result_and_rewards_reach_th
 
     recipe = load_recipe(CALCULATOR, ["trainer.max_steps=2", "trainer.learning_rate=1e-2"], smoke=True)
     trainer, tok = build_trainer(recipe, tmp_path, smoke=True)
-    golds = _golds(32, seed=0)
-    script = {"turns": 0}
-
-    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
-        completions = []
-        for ids in prompt_ids:
-            text = tok.decode(ids)
-            if "<tool_response>" not in text:  # first turn: compute the answer with the tool
-                gold = next(g for q, g in golds.items() if q in text)
-                call = {"name": "calculate", "arguments": {"expression": f"{int(gold) - 7} + 7"}}
-                reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
-            else:  # second turn: every other completion copies the tool result, the rest add one
-                result = text.rpartition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
-                script["turns"] += 1
-                answer = int(result) + (script["turns"] % 2)
-                reply = f"#### {answer}<|im_end|>"
-            completions.append(tok(reply, add_special_tokens=False)["input_ids"])
-        return completions, None
-
-    trainer._generate_single_turn = scripted
-    batches = []
-    generate_and_score = trainer._generate_and_score_completions
-
-    def capture(inputs):
-        out = generate_and_score(inputs)
-        batches.append({k: out[k].clone() for k in ("completion_ids", "completion_mask", "tool_mask")})
-        return out
-
-    trainer._generate_and_score_completions = capture
+    batches = script_calculator(trainer, tok, _golds(32, seed=0), tool_turn="<tool_response>")
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()
 
@@ -100,8 +73,8 @@ def _teacher(golds, fail=(), wrong=(), divide_by_zero=()):
 
 
 def test_rollout_against_a_scripted_openai_server(tmp_path):
+    from rlkit.agents.rollout import rollout
     from rlkit.analyze import analyze
-    from rlkit.rollout import rollout
 
     golds = _golds(8, seed=1)  # the smoke eval split
     questions = list(golds)
@@ -149,7 +122,7 @@ def test_rollout_against_a_scripted_openai_server(tmp_path):
 
 
 def test_max_turns_stops_a_model_that_never_answers(tmp_path):
-    from rlkit.rollout import rollout
+    from rlkit.agents.rollout import rollout
 
     def always_calls(request):
         return {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2 + 2"}}]}
@@ -165,8 +138,9 @@ def test_max_turns_stops_a_model_that_never_answers(tmp_path):
 
 
 def test_request_timeout_and_bad_tool_arguments_are_recorded_not_fatal():
+    from rlkit.agents.endpoint import EndpointPolicy
+    from rlkit.agents.engine import run_episodes
     from rlkit.envs.calculator import CalculatorEnv
-    from rlkit.rollout import EndpointPolicy, run_episodes
 
     def reply(request):
         question = request["messages"][-1]["content"]
@@ -188,7 +162,7 @@ def test_request_timeout_and_bad_tool_arguments_are_recorded_not_fatal():
 def test_parsed_turn_reads_tool_calls_like_trl(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from rlkit.rollout import parsed_turn, require_response_parser
+    from rlkit.agents.turns import parsed_turn, require_response_parser
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     require_response_parser(tok)
@@ -206,8 +180,8 @@ def test_parsed_turn_reads_tool_calls_like_trl(tiny_model_dir):
 
 def test_local_model_rollout_and_agent_eval(tmp_path, capsys):
     """The hf policy batches every live episode per turn; `rlkit eval` of an agent recipe scores rollouts."""
-    from rlkit.cli import print_eval
     from rlkit.evaluate import evaluate
+    from rlkit.evaluate.show import print_eval
 
     results = evaluate(CALCULATOR, smoke=True, limit=4, out=tmp_path / "eval.json", show_progress=False)
     records = [json.loads(line) for line in Path(results["trajectories"]).read_text().splitlines()]
@@ -262,9 +236,9 @@ def _reader(queries):
 
 
 def test_multihop_rollout_with_the_retrieval_env_and_analyze(tmp_path, monkeypatch, capsys):
+    from rlkit.agents.rollout import rollout
     from rlkit.analyze import main as analyze_main
     from rlkit.data import multihop_rag
-    from rlkit.rollout import rollout
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     queries = multihop_rag.generate(16, seed=1).to_list()
@@ -290,9 +264,11 @@ def test_multihop_rollout_with_the_retrieval_env_and_analyze(tmp_path, monkeypat
 
 
 def test_endpoint_misconfiguration_stops_the_run_and_reasoning_is_kept(tmp_path):
+    from rlkit.agents.endpoint import EndpointPolicy
+    from rlkit.agents.engine import run_episodes
+    from rlkit.agents.rollout import rollout
     from rlkit.envs.calculator import CalculatorEnv
     from rlkit.errors import UserError
-    from rlkit.rollout import EndpointPolicy, rollout, run_episodes
 
     with ScriptedServer(lambda request: {"status": 401}) as server, pytest.raises(UserError) as e:
         rollout(CALCULATOR, endpoint=server.url, smoke=True, limit=2, out=tmp_path / "t.jsonl", show_progress=False)
@@ -332,7 +308,8 @@ class _SlowEnv:
 def test_a_tool_timeout_ends_the_episode_and_async_rewards_keep_their_kind(tmp_path, monkeypatch):
     import inspect
 
-    from rlkit.rollout import EndpointPolicy, run_episodes
+    from rlkit.agents.endpoint import EndpointPolicy
+    from rlkit.agents.engine import run_episodes
     from rlkit.trainers.grpo import LogEnvMetrics, reward_functions
 
     def reply(request):

@@ -202,8 +202,9 @@ def test_a_few_too_long_prompts_are_dropped_with_a_warning_not_an_error(tmp_path
 
 def test_per_example_failures_are_recorded_and_the_run_goes_on():
     """A tool call with malformed JSON arguments, an endpoint 500 and a timeout: one record each, no exception."""
+    from rlkit.agents.endpoint import EndpointPolicy
+    from rlkit.agents.engine import run_episodes
     from rlkit.envs.calculator import CalculatorEnv
-    from rlkit.rollout import EndpointPolicy, run_episodes
     from tests.scripted_server import ScriptedServer
 
     def reply(request):

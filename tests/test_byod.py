@@ -226,7 +226,7 @@ def test_the_hotpotqa_example_runs_through_every_command_without_conversion(tmp_
 
 
 def test_sft_out_keeps_only_successes_whose_every_tool_call_succeeded():
-    from rlkit.rollout import sft_records
+    from rlkit.agents.scoring import sft_records
 
     call = {"name": "search", "arguments": {}, "content": "ok", "error": None}
     malformed = {**call, "error": "tool arguments are not valid JSON: Expecting value"}

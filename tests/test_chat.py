@@ -24,10 +24,10 @@ def test_chat_loop_with_the_calculator_env(tmp_path, capsys):
 
 
 def test_tool_calls_and_results_are_shown_as_they_happen():
-    from rlkit.chat import _show
+    from rlkit.chat import show_messages
 
     console = Console(record=True, width=200)
-    _show(console, [
+    show_messages(console, [
         {"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "6*7"}}}]},
         {"role": "tool", "name": "calculate", "content": "42"},
@@ -38,10 +38,10 @@ def test_tool_calls_and_results_are_shown_as_they_happen():
 
 
 def test_escape_codes_and_markup_from_models_and_tools_never_reach_the_terminal_raw():
-    from rlkit.chat import _show
+    from rlkit.chat import show_messages
 
     console = Console(record=True, width=200, force_terminal=True)
-    _show(console, [
+    show_messages(console, [
         {"role": "assistant", "content": "\x1b]0;pwned\x07\x1b[2J[bold red]hi[/]"},
         {"role": "tool", "name": "search", "content": "doc \x1b[31mred\x1b[0m"},
     ])

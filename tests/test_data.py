@@ -113,7 +113,7 @@ def test_set_applies_to_a_run_directorys_recorded_recipe(tmp_path):
     """`rlkit eval RUN_DIR --set data.eval...` evaluates on the set asked for, not silently on the recorded one."""
     import yaml
 
-    from rlkit.evaluate import resolve_target
+    from rlkit.inference.reference import resolve_target
     from rlkit.recipe import load_recipe, recipes_dir
 
     recipe = load_recipe(recipes_dir() / "smol_arith_grpo.yaml")

@@ -306,7 +306,7 @@ def test_a_killed_writer_leaves_valid_jsonl_and_resume_continues_after_it(tmp_pa
 
 
 def test_rollout_appends_as_it_goes_survives_a_lone_surrogate_and_resumes(tmp_path):
-    from rlkit.rollout import rollout
+    from rlkit.agents.rollout import rollout
     from tests.scripted_server import ScriptedServer
 
     out = tmp_path / "t.jsonl"

@@ -54,6 +54,22 @@ def test_pairs_keep_best_and_worst_above_the_gap_and_train_dpo(tmp_path, digit_s
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
 
 
+def test_pairs_over_several_batches_score_each_prompts_own_samples(tmp_path, monkeypatch):
+    # A reward that never ties (the text's length): every prompt makes exactly one pair.
+    (tmp_path / "length_reward.py").write_text(
+        "def text_length(completions, **kwargs):\n"
+        "    return [float(len(c if isinstance(c, str) else c[-1]['content'])) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "pairs.jsonl"
+    overrides = ["rewards=[{name: 'length_reward:text_length'}]", "pairs.temperature=1.5", "pairs.batch_size=2",
+                 "pairs.prompts={synthetic: 6, seed: 5}", "pairs.max_new_tokens=12"]
+    summary = build_pairs(DPO, "rlkit/tiny-qwen3", out, samples=4, min_gap=0.0, limit=6, smoke=True,
+                          overrides=overrides, show_progress=False)
+    pairs = [json.loads(line) for line in out.read_text().splitlines()]
+    # Three batches of two prompts: each prompt is paired once, from its own samples.
+    assert summary["pairs"] == len({json.dumps(p["prompt"]) for p in pairs}) == 6
+
+
 def test_pairs_gap_filter_and_refusals(tmp_path):
     out = tmp_path / "pairs.jsonl"
     # A random model never answers right: every sample scores 0, so no pair clears any gap.

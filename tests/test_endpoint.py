@@ -5,9 +5,10 @@ import time
 
 import pytest
 
+from rlkit.agents.endpoint import EndpointPolicy
+from rlkit.agents.engine import run_episodes
 from rlkit.envs.calculator import CalculatorEnv
 from rlkit.recipe import recipes_dir
-from rlkit.rollout import EndpointPolicy, run_episodes
 from tests.scripted_server import ScriptedServer
 from tests.test_cli import rlkit
 

@@ -1,6 +1,6 @@
 """rlkit's batched generation: what a caller writes batch by batch is what it returns, prompt by prompt."""
 
-from rlkit.evaluate import generate
+from rlkit.inference.generate import generate
 from rlkit.tiny import tiny_model_path
 
 
@@ -26,3 +26,5 @@ def test_batches_written_as_they_end_line_up_with_their_prompts():
     sorted_batches = generate(model, tok, prompts, {}, **kwargs)
     assert sum(a == b for a, b in zip(alone, sorted_batches, strict=True)) >= 4
     assert sum(a == b for a, b in zip(alone, returned, strict=True)) >= 4
+    # a resumed eval whose examples are all written has nothing left to generate
+    assert generate(model, tok, [], {}, on_batch=on_batch, **kwargs) == []

@@ -83,11 +83,12 @@ def test_merge_uses_the_recorded_base_not_the_recipes_name(swapped_run, tmp_path
 
 
 def test_eval_loads_the_adapter_on_the_recorded_base(swapped_run):
-    from rlkit.evaluate import _base_plus_adapter
+    from rlkit.inference.load import load
+    from rlkit.inference.reference import model_ref
 
     run, prequantized = swapped_run
     recipe = load_recipe(recipes_dir() / "gsm8k_sft.yaml", QLORA, smoke=True)
-    model, _ = _base_plus_adapter(recipe, run / "adapter")
+    model, _ = load(model_ref(recipe, run, None))
     assert model.config._name_or_path == str(prequantized)
     assert any("Linear4bit" in type(m).__name__ for m in model.modules())
 
@@ -242,7 +243,7 @@ def test_vllm_lora_rank_is_one_vllm_accepts():
 
 
 def test_an_overlong_conversation_ends_its_episode_alone(tiny_model_dir):
-    from rlkit.rollout import completion_budgets, overflow_turn, prompt_lengths
+    from rlkit.agents.turns import completion_budgets, overflow_turn, prompt_lengths
 
     tokenizer = hf.load_tokenizer(str(tiny_model_dir))
     short = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -311,7 +312,7 @@ def test_colocated_vllm_refuses_pre_quantized_names_on_hf():
 def test_merge_check_runs_where_the_float32_model_fits(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rlkit.merge import fits_on_gpu
+    from rlkit.merge.verification import fits_on_gpu
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     size = sum(p.numel() * 4 for p in model.parameters())

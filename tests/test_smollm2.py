@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlkit.recipe import load_recipe, recipes_dir
+from tests.helpers import script_calculator
 
 CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
 TOOLS = [{"type": "function", "function": {
@@ -80,9 +81,8 @@ def test_missing_wheel_offline_is_one_line(tmp_path, monkeypatch):
 
 
 def test_template_round_trip_prefixes_and_masks(tok):
-    from trl.chat_template_utils import is_chat_template_prefix_preserving, is_chat_template_stop_token_trained
-
-    from rlkit.rollout import parsed_turn, require_response_parser, training_template
+    from rlkit.agents.turns import parsed_turn, require_response_parser, training_template
+    from rlkit.compat import is_chat_template_prefix_preserving, is_chat_template_stop_token_trained
 
     require_response_parser(tok)  # keeps the parser the build saved
     assert tok.response_template["fields"]["tool_calls"]["open"] == "<tool_call>"
@@ -136,32 +136,7 @@ def test_grpo_with_the_calculator_masks_exactly_the_tool_text_and_trains_the_lor
 
     trainer, tok = build_trainer(_smollm2_calculator_recipe(), tmp_path)
     golds = {row["question"]: gsm8k.gold(row["answer"]) for row in gsm8k.generate(4, seed=0)}
-    turns = {"n": 0}
-
-    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
-        completions = []
-        for ids in prompt_ids:
-            text = tok.decode(ids)
-            if "<|im_start|>tool\n" not in text:
-                gold = next(g for q, g in golds.items() if q in text)
-                call = {"name": "calculate", "arguments": {"expression": f"{int(gold) - 7} + 7"}}
-                reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
-            else:  # every other answer copies the tool result, the rest add one
-                result = text.rpartition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
-                turns["n"] += 1
-                reply = f"#### {int(result) + turns['n'] % 2}<|im_end|>"
-            completions.append(tok(reply, add_special_tokens=False)["input_ids"])
-        return completions, None
-
-    trainer._generate_single_turn = scripted
-    batches, generate_and_score = [], trainer._generate_and_score_completions
-
-    def capture(inputs):
-        out = generate_and_score(inputs)
-        batches.append({k: out[k].clone() for k in ("completion_ids", "completion_mask", "tool_mask")})
-        return out
-
-    trainer._generate_and_score_completions = capture
+    batches = script_calculator(trainer, tok, golds, tool_turn="<|im_start|>tool\n")
     assert trainer.chat_template is None  # TRL kept rlkit's template
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()

@@ -17,7 +17,7 @@ def test_rollouts_keep_earlier_think_blocks_like_trl_training(tiny_model_dir):
     """Qwen3's stock template drops earlier <think> blocks; rollouts use TRL's training template, which keeps them."""
     from transformers import AutoTokenizer
 
-    from rlkit.rollout import training_template
+    from rlkit.agents.turns import training_template
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     template = training_template(tok)

@@ -35,10 +35,3 @@ def trained_base(spec: Any, run_dir: str | Path | None) -> tuple[Any, dict[str, 
     update["load_in_4bit"] = bool(quantization and quantization.get("load_in_4bit"))
     return spec.model_copy(update=update), quantization
 
-
-def run_dir_of(adapter: str | Path) -> Path | None:
-    """The run directory holding ``adapter`` (RUN, RUN/adapter or RUN/checkpoints/checkpoint-N), if any."""
-    from rlkit import runs
-
-    path = Path(adapter)
-    return next((d for d in (path, *path.parents[:3]) if runs.is_run_dir(d)), None)

@@ -43,8 +43,10 @@ def checks(ctx: Context, *, samples: int | None, endpoint: str | None = None, ap
     rows = ctx.scored_rows
     if rows is None:
         return [Check(F, "probe", "skip", "the task has no prompt rows to sample")], {}
+    from rlkit.agents.engine import run_episodes
+    from rlkit.agents.policies import make_policy
+    from rlkit.agents.scoring import score_episodes
     from rlkit.doctor.rewards import gold_totals
-    from rlkit.rollout import make_policy, run_episodes, score_episodes
 
     row_list = rows.to_list()
     temperature = float(ctx.setting("temperature", 1.0) or 1.0)

@@ -1,4 +1,5 @@
-"""The ``rlkit`` command line. Each command parses its arguments and calls one function.
+"""The ``rlkit`` command line. Each command parses its arguments and calls one function; the ``recipes``
+and ``index`` command groups are in :mod:`rlkit.cli.catalogue`.
 
 Heavy imports (torch, transformers, trl) happen inside the commands, so ``rlkit --help`` and
 argument errors stay fast.
@@ -13,17 +14,14 @@ from pathlib import Path
 
 import typer
 
+from rlkit.cli.catalogue import index_app, recipes_app
+from rlkit.cli.options import SetOpt, SmokeOpt, console
 from rlkit.errors import Interrupted, UserError
 
 app = typer.Typer(help="Post-train language models with SFT, DPO, reward models, PPO and GRPO from one YAML recipe.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
 app.add_typer(recipes_app, name="recipes")
-index_app = typer.Typer(help="Build and evaluate a recipe's retrieval index.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
-
-SetOpt = typer.Option(None, "--set", help="Override a recipe key, e.g. --set trainer.learning_rate=1e-5.")
-SmokeOpt = typer.Option(False, "--smoke", help="Tiny built-in model, generated data, 2 steps, CPU-safe.")
 
 
 @app.command()
@@ -75,7 +73,7 @@ def train(
     run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite, resume=resume,
                         doctor=not no_doctor)
     if launch.is_main_process():
-        _console().print(f"[green]run directory:[/] {run_dir}")
+        console().print(f"[green]run directory:[/] {run_dir}")
 
 
 @app.command()
@@ -110,10 +108,10 @@ def doctor(
         parse_gpu(gpu)  # a typo fails before anything loads
     report = run(recipe, set_ or [], smoke=smoke, samples=samples, limit=limit, gpu=gpu, endpoint=endpoint,
                  api_key=api_key, write_filtered=write_filtered)
-    render(report, _console())
+    render(report, console())
     if out is not None:
         md, js = write(report, out)
-        _console().print(f"report: {md} and {js}")
+        console().print(f"report: {md} and {js}")
     if not report.go:
         raise typer.Exit(1)
 
@@ -139,9 +137,9 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory from `rlkit
     from rlkit.report import render, write_report
 
     summary = write_report(run_dir)
-    console = _console()
-    render(summary, console)
-    console.print(f"report: {summary['report']} ({len(summary['plots'])} plots in {Path(run_dir) / 'plots'})")
+    out = console()
+    render(summary, out)
+    out.print(f"report: {summary['report']} ({len(summary['plots'])} plots in {Path(run_dir) / 'plots'})")
 
 
 @app.command("eval")
@@ -156,9 +154,9 @@ def eval_(
 ) -> None:
     """Greedy pass@1 accuracy on the recipe's eval split."""
     from rlkit.evaluate import evaluate
+    from rlkit.evaluate.show import print_eval
 
-    results = evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume)
-    print_eval(results)
+    print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume))
 
 
 @app.command()
@@ -175,7 +173,7 @@ def merge(
 ) -> None:
     """Merge a LoRA adapter into its base, save a plain transformers model, verify it against the adapter."""
     from rlkit.merge import merge as run_merge
-    from rlkit.merge import print_merge_report
+    from rlkit.merge.report import print_merge_report
 
     report = run_merge(source, out, base=base, dtype=dtype, base_model=base_model, overwrite=overwrite)
     print_merge_report(report)
@@ -205,8 +203,8 @@ def rollout(
     resume: bool = typer.Option(False, "--resume", help="Continue --out: play only the rows it does not hold yet."),
 ) -> None:
     """Run the recipe's tool agent episode by episode; append each to trajectories.jsonl as it ends; summarise."""
-    from rlkit.analyze import analyze, render
-    from rlkit.rollout import rollout as run_rollout
+    from rlkit.agents.rollout import print_summary
+    from rlkit.agents.rollout import rollout as run_rollout
 
     if split not in ("eval", "train"):
         raise UserError(f"--split {split!r}: use eval or train")
@@ -214,16 +212,7 @@ def rollout(
                          concurrency=concurrency, backend=backend, split=split, limit=limit, out=out, sft_out=sft_out,
                          temperature=temperature, max_new_tokens=max_new_tokens, tool_timeout=tool_timeout,
                          timeout=timeout, retries=retries, smoke=smoke, overrides=set_ or [], resume=resume)
-    console = _console()
-    render(analyze(result["path"]), console)
-    console.print(f"{result['episodes']} episodes, {result['successes']} successful: {result['path']}")
-    if "sft_path" in result:
-        console.print(f"{result['sft_rows']} successful trajectories as SFT rows: {result['sft_path']}")
-    failed = sum(result["transport_failures"].values())
-    if failed * 2 > result["episodes"]:  # mostly transport failures: the numbers above say nothing of the model
-        kinds = ", ".join(f"{kind}: {n}" for kind, n in result["transport_failures"].items())
-        typer.echo(f"rlkit: {failed} of {result['episodes']} episodes failed on endpoint errors ({kinds}); "
-                   f"trajectories kept in {result['path']}", err=True)
+    if not print_summary(result):  # mostly transport failures: the numbers say nothing of the model
         raise typer.Exit(1)
 
 
@@ -253,121 +242,6 @@ def chat(
     run_chat(target, env=env, recipe_path=recipe, max_new_tokens=max_new_tokens, temperature=temperature)
 
 
-@index_app.command("build")
-def index_build(
-    recipe: Path = typer.Argument(..., help="A recipe with a `retrieval:` section."),
-    rebuild: bool = typer.Option(False, "--rebuild", help="Build again even when a cached index exists."),
-    smoke: bool = SmokeOpt,
-    set_: list[str] = SetOpt,
-) -> None:
-    """Chunk and index the recipe's corpus (cached on disk by corpus + settings)."""
-    from rlkit.retrieval import build_retriever
-
-    spec = _retrieval_recipe(recipe, set_, smoke)
-    retriever = build_retriever(spec.retrieval, model_name=spec.model.name_or_path, rebuild=rebuild)
-    how = f"built in {retriever.build_seconds:.1f}s" if retriever.built else "loaded from cache"
-    _console().print(f"[green]index[/] {len(retriever)} chunks, {how}: {retriever.path}")
-
-
-@index_app.command("eval")
-def index_eval(
-    recipe: Path = typer.Argument(..., help="A recipe with `retrieval:` and queries with gold evidence."),
-    split: str = typer.Option("eval", "--split", help="Which data split's queries: eval or train."),
-    limit: int = typer.Option(None, "--limit", min=1, help="The first N queries."),
-    k: str = typer.Option("1,2,5,10", "--k", help="Depths to score at, comma-separated, e.g. 1,2,5,10."),
-    smoke: bool = SmokeOpt,
-    set_: list[str] = SetOpt,
-) -> None:
-    """Passage recall, Hits, MRR and MAP at each k over the queries with gold evidence (by id when ids exist)."""
-    from rlkit.data import get_task, load_rows
-    from rlkit.retrieval import build_retriever
-    from rlkit.retrieval import evaluate as evaluate_retrieval
-
-    ks = _depths(k)
-    spec = _retrieval_recipe(recipe, set_, smoke)
-    if split not in ("eval", "train"):
-        raise UserError(f"--split {split!r}: use eval or train")
-    task = get_task(spec.data.task)
-    if not hasattr(task, "retrieval_queries"):
-        raise UserError(f"{recipe}: task {spec.data.task!r} has no gold evidence to score retrieval against")
-    source = spec.data.train if split == "train" else spec.data.eval
-    if source is None:
-        raise UserError(f"{recipe}: the recipe has no data.eval split; use --split train")
-    if limit:
-        source = source.model_copy(update={"limit": limit})
-    queries = task.retrieval_queries(load_rows(spec.data.task, source))
-    if not queries:
-        raise UserError(f"{recipe}: no queries with evidence in data.{split} (qa: map data.columns.supporting_ids)")
-    retriever = build_retriever(spec.retrieval, model_name=spec.model.name_or_path)
-    metrics = evaluate_retrieval(retriever, queries, ks)
-    print_retrieval(metrics, ks, f"retrieval: {spec.name} ({spec.retrieval.method}, {len(retriever)} chunks)")
-
-
-def _depths(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        ks = ()
-    if not ks or ks[0] < 1:
-        raise UserError(f"--k {text!r}: give positive depths, comma-separated, e.g. --k 1,2,5,10")
-    return ks
-
-
-def print_retrieval(metrics: dict, ks: tuple[int, ...], title: str) -> None:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left",
-                  caption=f"{metrics['n']} queries, matched by {metrics['matched_by']}, "
-                          f"{metrics['queries_per_second']:.0f} queries/s")
-    for i, column in enumerate(("k", "passage recall", "hits", "MRR", "MAP")):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for depth in ks:
-        table.add_row(str(depth), *(f"{metrics[f'{name}@{depth}']:.4f}" for name in ("recall", "hits", "mrr", "map")))
-    _console().print(table)
-
-
-def _retrieval_recipe(recipe: Path, overrides: list[str] | None, smoke: bool):
-    from rlkit.recipe import load_recipe
-
-    spec = load_recipe(recipe, overrides or [], smoke=smoke)
-    if spec.retrieval is None:
-        raise UserError(f"{recipe}: no `retrieval:` section")
-    return spec
-
-
-def print_eval(results: dict) -> None:
-    from rich.table import Table
-
-    if "by_question_type" in results:  # an agent recipe: EM/F1/accuracy per question type
-        _print_agent_eval(results)
-        return
-    table = Table(title=f"eval: {results['recipe']} ({results['task']})")
-    for col in ("model", "examples", "accuracy", "seconds"):
-        table.add_column(col, justify="left" if col == "model" else "right")
-    table.add_row(results["model"], str(results["n"]), f"{results['accuracy']:.3f}", f"{results['seconds']:.1f}")
-    console = _console()
-    console.print(table)
-    console.print(f"per-example predictions: {results['path']}")
-
-
-def _print_agent_eval(results: dict) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"eval: {results['recipe']} ({results['task']}) — {results['model']}")
-    evidence = results.get("evidence_recall") is not None  # questions with supporting ids
-    for col in ("question type", "n", "accuracy", "EM", "F1", *(["evidence recall"] if evidence else [])):
-        table.add_column(col, justify="left" if col == "question type" else "right")
-    def cell(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"  # GSM8K has no F1
-
-    for name, row in results["by_question_type"].items():
-        recall = [cell(row.get("evidence_recall"))] if evidence else []
-        table.add_row(name, str(row["n"]), cell(row["accuracy"]), cell(row["em"]), cell(row["f1"]), *recall)
-    console = _console()
-    console.print(table)
-    console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")
-
-
 @app.command()
 def pairs(
     recipe: Path = typer.Argument(..., help="A dpo recipe with a `pairs:` section."),
@@ -382,19 +256,10 @@ def pairs(
     resume: bool = typer.Option(False, "--resume", help="Keep the pairs already in --out; sample the other prompts."),
 ) -> None:
     """Sample K completions per prompt, score them with the recipe's rewards, keep (best, worst) pairs."""
-    from rich.table import Table
+    from rlkit.pairs import build_pairs, print_summary
 
-    from rlkit.pairs import build_pairs
-
-    summary = build_pairs(recipe, model, out, samples=samples, min_gap=min_gap, limit=limit, smoke=smoke,
-                          overrides=set_ or [], overwrite=overwrite, resume=resume)
-    table = Table(title=f"pairs: {summary['recipe']} ({summary['model']})", show_header=False)
-    for key in ("prompts", "samples", "pairs", "tied_prompts", "mean_reward", "seconds"):
-        value = summary[key]
-        table.add_row(key.replace("_", " "), f"{value:.3f}" if isinstance(value, float) else str(value))
-    console = _console()
-    console.print(table)
-    console.print(f"pairs written to {summary['out']}")
+    print_summary(build_pairs(recipe, model, out, samples=samples, min_gap=min_gap, limit=limit, smoke=smoke,
+                              overrides=set_ or [], overwrite=overwrite, resume=resume))
 
 
 @app.command()
@@ -414,66 +279,6 @@ def demo(
     from rlkit.demo_real import run_demo
 
     run_demo(output_dir, gsm8k_test, set_ or [])
-
-
-@recipes_app.command("list")
-def recipes_list() -> None:
-    """The shipped recipes."""
-    from rich.table import Table
-
-    from rlkit.recipe import read_yaml, recipe_header, shipped_recipes
-
-    table = Table(title="shipped recipes")
-    for col in ("name", "algorithm", "model", "about"):
-        table.add_column(col)
-    for path in shipped_recipes():
-        data = read_yaml(path)
-        header = recipe_header(path).splitlines()
-        table.add_row(path.stem, str(data.get("algorithm")), str((data.get("model") or {}).get("name_or_path")),
-                      header[0] if header else "")
-    _console().print(table)
-
-
-@recipes_app.command("show")
-def recipes_show(name: str = typer.Argument(..., help="A shipped recipe name or a path.")) -> None:
-    """Print a recipe."""
-    from rich.syntax import Syntax
-
-    from rlkit.recipe import find_recipe
-
-    path = find_recipe(name)
-    _console().print(Syntax(path.read_text(), "yaml", word_wrap=True))
-    _console().print(f"[dim]{path}[/]")
-
-
-@recipes_app.command("validate")
-def recipes_validate(
-    paths: list[Path] = typer.Argument(None, help="Recipe files (default: every shipped recipe)."),
-    smoke: bool = SmokeOpt,
-) -> None:
-    """Validate recipes (schema and TRL config) without loading any model."""
-    from rlkit.recipe import load_recipe, shipped_recipes
-    from rlkit.trainers import check_trainer
-
-    console = _console()
-    failed = 0
-    for path in paths or shipped_recipes():
-        try:
-            recipe = load_recipe(path, smoke=smoke)
-            check_trainer(recipe, source=str(path))
-        except UserError as e:
-            failed += 1
-            console.print(f"[red]✗[/] {e}", highlight=False)
-        else:
-            console.print(f"[green]✓[/] {path} ({recipe.algorithm}, {recipe.model.name_or_path})", highlight=False)
-    if failed:
-        raise typer.Exit(2)
-
-
-def _console():
-    from rich.console import Console
-
-    return Console()
 
 
 def _setup_logging() -> None:

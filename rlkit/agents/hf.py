@@ -1,0 +1,32 @@
+"""A local transformers model as an agent policy; the next turn of every live episode in one batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rlkit.agents.episodes import Turn
+from rlkit.agents.turns import parsed_turn, require_response_parser, training_template, until_eos
+from rlkit.inference.generate import generate_ids, render, tokenize
+
+
+class HFPolicy:
+    """A local transformers model; generates the next turn of many episodes in one batch."""
+
+    concurrent = False
+
+    def __init__(self, model: Any, tokenizer: Any, *, chat_template_kwargs: dict[str, Any], max_new_tokens: int,
+                 temperature: float = 0.0, batch_size: int = 32) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.kwargs, self.max_new_tokens = chat_template_kwargs, max_new_tokens
+        self.temperature, self.batch_size = temperature, batch_size
+        require_response_parser(tokenizer)
+        self.template = training_template(tokenizer)
+
+    def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
+        tok = self.tokenizer
+        prompts = tokenize(tok, render(tok, conversations, self.kwargs, tools=tools, template=self.template))
+        generations = generate_ids(self.model, tok, prompts, max_new_tokens=self.max_new_tokens,
+                                   batch_size=self.batch_size, temperature=self.temperature)
+        return [parsed_turn(tok, until_eos(g.ids, tok.eos_token_id), g.prompt_ids, self.max_new_tokens, g.seconds)
+                for g in generations]

@@ -1,0 +1,99 @@
+"""``rlkit eval``: greedy pass@1 on a recipe's eval split, batched, with per-example predictions.
+
+The target is a recipe (its base model) or a run directory (base + the run's adapter); ``--model``
+names something else to evaluate: a merged model directory, a base model id, an adapter directory
+or another run directory. An agent recipe is evaluated by rollouts (:mod:`rlkit.evaluate.agent`), a reward
+recipe by pairwise accuracy (:mod:`rlkit.evaluate.reward_model`); :mod:`rlkit.evaluate.show` prints results.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlkit import jsonl, safety
+from rlkit.errors import UserError
+from rlkit.evaluate.agent import evaluate_agent
+from rlkit.evaluate.results import default_out, journal, write_results
+from rlkit.evaluate.reward_model import evaluate_reward_model
+from rlkit.inference.reference import resolve_target
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
+
+
+def evaluate(
+    target: str | Path,
+    model: str | None = None,
+    *,
+    limit: int | None = None,
+    smoke: bool = False,
+    out: str | Path | None = None,
+    overrides: list[str] | None = None,
+    show_progress: bool = True,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...).
+
+    Each example (each trajectory, for an agent) is appended to a JSONL file next to the results as it
+    finishes; ``resume`` continues after the ones a killed eval wrote.
+    """
+    if out is not None:  # before any model loads: never a results file rlkit did not write
+        safety.check_target(out, "--out")
+        if Path(out).exists():
+            safety.check_replaceable_file(out, "--out", ("recipe", "model"))
+    recipe, run_dir = resolve_target(target, overrides, smoke)
+    if recipe.data.eval is None:
+        raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
+    if recipe.env is not None:
+        return evaluate_agent(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress,
+                              resume=resume)
+    if recipe.algorithm == "reward":
+        return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
+    from rlkit.data import get_task
+
+    if not hasattr(get_task(recipe.data.task), "score"):
+        raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
+    return evaluate_task(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress, resume=resume)
+
+
+def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
+                  out: str | Path | None, show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Accuracy of greedy completions, checked by the task's answer rule; the examples in row order."""
+    from rlkit.data import get_task, load_rows, task_rows
+    from rlkit.inference.generate import generate
+    from rlkit.inference.load import load_for_generation
+
+    task = get_task(recipe.data.task)
+    source = recipe.data.eval.model_copy(update={"limit": limit}) if limit else recipe.data.eval
+    rows = task_rows(recipe, "eval", load_rows(recipe.data.task, source))
+
+    lm, tokenizer, label = load_for_generation(recipe, run_dir, model)
+    from rlkit.rewards.math import extract_answer
+
+    path = Path(out) if out else default_out(recipe.name, run_dir, label)
+    with safety.hold(path), journal(path, ".examples.jsonl", resume, ("prompt", "completion")) as sink:
+        # Examples are written in row order as each batch finishes: a killed eval resumes after the last one.
+        todo = rows.select(range(len(sink.done), len(rows)))
+
+        def write_batch(first: int, completions: list[str]) -> None:
+            batch = todo.select(range(first, first + len(completions)))
+            for row, c, s in zip(batch, completions, task.score(completions, batch), strict=True):
+                sink.write({"prompt": row["prompt"][-1]["content"], "gold": row["answer"],
+                            "prediction": extract_answer(c), "completion": c, "correct": bool(s)})
+
+        started = time.time()
+        generate(lm, tokenizer, list(todo["prompt"]), recipe.model.chat_template_kwargs,
+                 max_new_tokens=recipe.eval.max_new_tokens, batch_size=recipe.eval.batch_size,
+                 show_progress=show_progress, on_batch=write_batch)
+        elapsed = time.time() - started
+        examples = jsonl.read_records(sink.path)
+        results = {
+            "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
+            "accuracy": sum(e["correct"] for e in examples) / len(examples), "seconds": round(elapsed, 2),
+            "examples": examples,
+        }
+        return write_results(results, path)
+
+

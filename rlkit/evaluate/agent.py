@@ -1,0 +1,41 @@
+"""``rlkit eval`` of an agent recipe (one with ``env:``): greedy rollouts on the eval split, scored like
+``rlkit analyze``; each trajectory is appended next to the results as its episode ends."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlkit import safety
+from rlkit.agents.policies import make_policy
+from rlkit.agents.rollout import TRAJECTORY_KEYS, episode_rows, in_row_order, play
+from rlkit.evaluate.results import default_out, journal, write_results
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
+
+
+def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
+                   out: str | Path | None, show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Accuracy, EM, F1 and evidence recall, overall and per question type; the results JSON's path."""
+    from rlkit.analyze import analyze
+    from rlkit.envs import make_factory
+
+    rows, make_env = episode_rows(recipe, "eval", limit), make_factory(recipe)
+    policy, label = make_policy(recipe, run_dir, model=model)
+    started = time.time()
+    results_path = Path(out) if out else default_out(recipe.name, run_dir, label)
+    with safety.hold(results_path), journal(results_path, ".trajectories.jsonl", resume, TRAJECTORY_KEYS) as sink:
+        play(recipe, rows, make_env, policy, 30.0, 8, show_progress, sink)
+        sink.close()
+        trajectories = sink.path
+        records = in_row_order(trajectories, rows)
+        report = analyze(trajectories)
+        overall = report["answers"]["all"]
+        results = {"recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(records),
+                   "accuracy": overall["accuracy"], "em": overall["em"], "f1": overall["f1"],
+                   "evidence_recall": overall.get("evidence_recall"),
+                   "by_question_type": report["answers"], "seconds": round(time.time() - started, 2),
+                   "trajectories": str(trajectories)}
+        return write_results(results, results_path)

@@ -1,0 +1,43 @@
+"""``rlkit eval``'s results as terminal tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def print_eval(results: dict[str, Any]) -> None:
+    """Accuracy of a task eval (or a reward model), or an agent eval's table per question type."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if "by_question_type" in results:  # an agent recipe: EM/F1/accuracy per question type
+        print_agent_eval(results)
+        return
+    table = Table(title=f"eval: {results['recipe']} ({results['task']})")
+    for col in ("model", "examples", "accuracy", "seconds"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    table.add_row(results["model"], str(results["n"]), f"{results['accuracy']:.3f}", f"{results['seconds']:.1f}")
+    console = Console()
+    console.print(table)
+    console.print(f"per-example predictions: {results['path']}")
+
+
+def print_agent_eval(results: dict[str, Any]) -> None:
+    """Accuracy, EM, F1 (and evidence recall where questions have supporting ids) per question type."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"eval: {results['recipe']} ({results['task']}) — {results['model']}")
+    evidence = results.get("evidence_recall") is not None  # questions with supporting ids
+    for col in ("question type", "n", "accuracy", "EM", "F1", *(["evidence recall"] if evidence else [])):
+        table.add_column(col, justify="left" if col == "question type" else "right")
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"  # GSM8K has no F1
+
+    for name, row in results["by_question_type"].items():
+        recall = [cell(row.get("evidence_recall"))] if evidence else []
+        table.add_row(name, str(row["n"]), cell(row["accuracy"]), cell(row["em"]), cell(row["f1"]), *recall)
+    console = Console()
+    console.print(table)
+    console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")

@@ -1,0 +1,110 @@
+"""The one batched generation loop: eval, pairs, chat, rollouts (``HFPolicy``) and merge verification.
+
+Prompts are token ids (the caller renders chat prompts with :func:`render` and :func:`tokenize`), batched
+with left padding; greedy, or plain sampling at a temperature.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.inference.fastgen import length_order
+
+
+@dataclass
+class Generation:
+    """One generated sequence."""
+
+    prompt_ids: list[int]  # the prompt's tokens, without padding
+    ids: list[int]  # the new tokens (after an EOS, padding up to the batch's longest)
+    seconds: float  # the batch's generation time, per prompt
+
+
+def sampling_kwargs(temperature: float | None, num_return_sequences: int = 1) -> dict[str, Any]:
+    """``generate`` kwargs: greedy at temperature 0/None, else plain sampling (no top-k/top-p truncation)."""
+    if not temperature:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0,
+            "num_return_sequences": num_return_sequences}
+
+
+def render(tokenizer: Any, conversations: Sequence[Any], chat_template_kwargs: dict[str, Any], *,
+           tools: list[dict] | None = None, template: str | None = None) -> list[str]:
+    """Each conversation as the model is prompted with it (chat template, tools, generation prompt)."""
+    return [tokenizer.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True,
+                                          chat_template=template, **chat_template_kwargs) for c in conversations]
+
+
+def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of rendered prompts (the chat template already holds the special tokens)."""
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
+                 temperature: float | None = None, num_return_sequences: int = 1, show_progress: bool = False,
+                 description: str = "generating",
+                 on_batch: Callable[[int, list[Generation]], None] | None = None) -> list[Generation]:
+    """``num_return_sequences`` generations per prompt, prompt by prompt, in prompt order.
+
+    Similar lengths share a batch (less padding). A caller that writes each batch as it ends
+    (``on_batch(first_prompt_index, generations)``) gets the batches in prompt order instead: its file is
+    then always a prefix of the prompts, which is what --resume continues from.
+    """
+    import torch
+
+    from rlkit import progress
+
+    order = list(range(len(prompts))) if on_batch is not None else length_order([len(p) for p in prompts])
+    tokenizer.padding_side = "left"
+    model.eval()
+    device = next(model.parameters()).device
+    k = num_return_sequences
+    done: list[Generation] = []
+    with progress.bar(description, len(prompts), show=show_progress) as advance, torch.inference_mode():
+        for start in range(0, len(prompts), batch_size):
+            chosen = [prompts[i] for i in order[start:start + batch_size]]
+            batch = tokenizer.pad({"input_ids": chosen}, return_tensors="pt").to(device)
+            started = time.time()
+            out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **sampling_kwargs(temperature, k))
+            seconds = (time.time() - started) / len(chosen)
+            width = batch["input_ids"].shape[1]
+            generations = [Generation(chosen[j // k], row[width:], seconds) for j, row in enumerate(out.tolist())]
+            done.extend(generations)
+            if on_batch is not None:
+                on_batch(start, generations)
+            advance(len(chosen))
+    position = {i: pos for pos, i in enumerate(order)}
+    return [done[position[j // k] * k + j % k] for j in range(len(done))]
+
+
+def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwargs: dict[str, Any], *,
+             max_new_tokens: int, batch_size: int, show_progress: bool = True,
+             num_return_sequences: int = 1, temperature: float | None = None,
+             description: str = "generating", on_batch: Callable[[int, list[str]], None] | None = None) -> list[str]:
+    """Completions (text) for chat prompts: ``num_return_sequences`` per prompt, prompt by prompt.
+
+    ``on_batch(first_prompt_index, completions)`` sees each batch, in prompt order, as soon as it is decoded
+    (to write it).
+    """
+    def decoded(generations: list[Generation]) -> list[str]:
+        return [tokenizer.decode(g.ids, skip_special_tokens=True) for g in generations]
+
+    write = None if on_batch is None else (lambda first, generations: on_batch(first, decoded(generations)))
+    ids = tokenize(tokenizer, render(tokenizer, prompts, chat_template_kwargs))
+    return decoded(generate_ids(model, tokenizer, ids, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                temperature=temperature, num_return_sequences=num_return_sequences,
+                                show_progress=show_progress, description=description, on_batch=write))
+
+
+def logits(model: Any, ids: list[int]) -> Any:
+    """The float32 next-token logits at every position of one unpadded prompt, on the CPU."""
+    import torch
+
+    model.eval()
+    with torch.inference_mode():
+        input_ids = torch.tensor([ids], device=next(model.parameters()).device)
+        return model(input_ids=input_ids).logits[0].float().cpu()

@@ -1,0 +1,40 @@
+"""Shared by the tests that train GRPO with the calculator on a scripted policy."""
+
+import json
+
+
+def script_calculator(trainer, tok, golds: dict[str, str], tool_turn: str) -> list[dict]:
+    """Make ``trainer``'s generation a script: the first turn computes the gold with the calculator
+    (``gold - 7 + 7``), the turn after the tool result answers it (every other completion adds one, so half
+    the answers are right). ``tool_turn`` is how the chat template marks that a tool result came back.
+
+    Returns the list each training step's completion ids, completion mask and tool mask are appended to.
+    """
+    turns = {"n": 0}
+
+    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
+        completions = []
+        for ids in prompt_ids:
+            text = tok.decode(ids)
+            if tool_turn not in text:  # first turn: compute the answer with the tool
+                gold = next(g for q, g in golds.items() if q in text)
+                call = {"name": "calculate", "arguments": {"expression": f"{int(gold) - 7} + 7"}}
+                reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
+            else:  # second turn: every other completion copies the tool result, the rest add one
+                result = text.rpartition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
+                turns["n"] += 1
+                reply = f"#### {int(result) + turns['n'] % 2}<|im_end|>"
+            completions.append(tok(reply, add_special_tokens=False)["input_ids"])
+        return completions, None
+
+    batches: list[dict] = []
+    generate_and_score = trainer._generate_and_score_completions
+
+    def capture(inputs):
+        out = generate_and_score(inputs)
+        batches.append({k: out[k].clone() for k in ("completion_ids", "completion_mask", "tool_mask")})
+        return out
+
+    trainer._generate_single_turn = scripted
+    trainer._generate_and_score_completions = capture
+    return batches
