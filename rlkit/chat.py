@@ -87,13 +87,14 @@ def _resolve(target: str, recipe_path: Path | None, env: str | None) -> tuple[Re
 
 
 def _env_factory(recipe: Recipe, env: str | None):
-    from rlkit.envs import env_class, make_factory
+    from rlkit.data import env_factory
+    from rlkit.envs import env_class
     from rlkit.recipe import EnvSpec
 
     if env is not None and (recipe.env is None or recipe.env.name != env):
         env_class(env)  # unknown names fail here, with the valid ones listed
         recipe.env = EnvSpec(name=env, max_turns=recipe.env.max_turns if recipe.env else 6)
-    return make_factory(recipe) if recipe.env is not None else None
+    return env_factory(recipe) if recipe.env is not None else None
 
 
 def _system_prompt(recipe: Recipe) -> str | None:

@@ -29,7 +29,7 @@ _TASK_TYPES = {"causal": "CAUSAL_LM", "score": "SEQ_CLS"}
 def check(recipe: Recipe, *, head: str = "causal") -> dict[str, Any]:
     """Compare ``recipe.init_from`` with the recipe; returns the provenance of the starting adapter."""
     from rlkit import runs
-    from rlkit.backends.hf import adapter_dir
+    from rlkit.runs import adapter_dir
 
     directory = adapter_dir(recipe.init_from)
     saved = json.loads((directory / "adapter_config.json").read_text())

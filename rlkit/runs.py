@@ -217,6 +217,16 @@ def is_run_dir(path: str | Path) -> bool:
     return (Path(path) / RESOLVED).is_file()
 
 
+def adapter_dir(path: str | Path) -> Path:
+    """The adapter directory of a run directory (``RUN/adapter``) or an adapter directory itself."""
+    path = Path(path)
+    for candidate in (path, path / "adapter"):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    raise UserError(f"{path}: not a run directory or adapter directory (no adapter_config.json); "
+                    "train one first or point at RUN_DIR/adapter")
+
+
 def holds_adapter(path: str | Path) -> bool:
     """A run directory or an adapter directory (as opposed to a model id or a merged model)."""
     return is_run_dir(path) or (Path(path) / "adapter_config.json").is_file()

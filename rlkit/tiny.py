@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from rlkit.cache import cache_dir
+from rlkit.prompts import MATH_TUTOR
 
 TINY_MODEL = "rlkit/tiny-qwen3"
 TINY_MODEL_SMALL = "rlkit/tiny-qwen3-small"
@@ -103,10 +104,8 @@ def _corpus(n: int = 1500) -> list[str]:
     calc = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic "
             "expression.", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                                           "required": ["expression"]}}}
-    from rlkit.data.gsm8k import SYSTEM_PROMPT
-
     # The prompts rlkit sends: frequent enough that BPE merges them into few tokens.
-    docs = [_TOOLS_HEADER + "\n" + json.dumps(calc)] * 20 + [SYSTEM_PROMPT] * 50
+    docs = [_TOOLS_HEADER + "\n" + json.dumps(calc)] * 20 + [MATH_TUTOR] * 50
     for _ in range(n):
         q, expr, solution, c = _problem(rng)
         call = json.dumps({"name": "calculator", "arguments": {"expression": expr.replace(" ", "")}})

@@ -98,14 +98,14 @@ def test_data_prompt_takes_a_name_a_file_or_the_text(user_recipe, tmp_path, monk
                            smoke=True)
     assert task_rows(multihop, "grpo", load_rows("multihop_rag", multihop.data.train))[0]["prompt"][0][
         "content"] == "Be brief, use search."
+    from rlkit.data import env_factory
     from rlkit.data.multihop_rag import search_tool_schemas
-    from rlkit.envs import make_factory
 
     assert "news articles" in search_tool_schemas()[0]["function"]["description"]  # the preset's description
-    assert make_factory(multihop).keywords["description"].startswith("Search the news articles")
+    assert env_factory(multihop).keywords["description"].startswith("Search the news articles")
     told = load_recipe(recipes_dir() / "multihop_rag_grpo.yaml", ["env.args.description='Search my notes.'"],
                        smoke=True)
-    assert make_factory(told).keywords["description"] == "Search my notes."  # env.args wins over the preset
+    assert env_factory(told).keywords["description"] == "Search my notes."  # env.args wins over the preset
 
 
 def test_aliases_and_a_success_rule_a_wrong_answer_cannot_pass():

@@ -49,10 +49,10 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
             safety.check_replaceable_file(out, "--out", TRAJECTORY_KEYS)
     if resume and out is None:
         raise UserError("--resume continues the trajectories file given by --out; name it")
-    from rlkit.envs import make_factory
+    from rlkit.data import env_factory
 
     # Data and environment (its index) first: a bad split or corpus fails before a model loads.
-    rows, make_env = episode_rows(recipe, split, limit), make_factory(recipe)
+    rows, make_env = episode_rows(recipe, split, limit), env_factory(recipe)
     policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
                                 served_model=served_model, backend=backend, temperature=temperature,
                                 max_new_tokens=max_new_tokens, timeout=timeout, retries=retries)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlkit import compat
+from rlkit import compat, runs
 from rlkit.errors import UserError
 from rlkit.recipe import LoraSpec, ModelSpec
 
@@ -169,21 +169,11 @@ def lora_config(spec: LoraSpec | None, *, head: str = "causal"):
                       bias="none", task_type="SEQ_CLS" if head == "score" else "CAUSAL_LM")
 
 
-def adapter_dir(path: str | Path) -> Path:
-    """The adapter directory of a run directory (``RUN/adapter``) or an adapter directory itself."""
-    path = Path(path)
-    for candidate in (path, path / "adapter"):
-        if (candidate / "adapter_config.json").is_file():
-            return candidate
-    raise UserError(f"{path}: not a run directory or adapter directory (no adapter_config.json); "
-                    "train one first or point at RUN_DIR/adapter")
-
-
 def attach_adapter(model: Any, path: str | Path, *, trainable: bool):
     """Load a saved LoRA onto ``model``; trainable for continued training (SFT -> RL)."""
     from peft import PeftModel
 
-    directory = adapter_dir(path)
+    directory = runs.adapter_dir(path)
     peft_model = PeftModel.from_pretrained(model, str(directory), is_trainable=trainable)
     if trainable:
         n = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)

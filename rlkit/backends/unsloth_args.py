@@ -30,7 +30,8 @@ def vllm_lora_rank(r: int) -> int:
 def from_pretrained_kwargs(spec: ModelSpec, lora: LoraSpec | None, init_from: str | None, *,
                            fast_inference: bool) -> dict[str, Any]:
     """Keyword arguments for ``FastLanguageModel.from_pretrained``."""
-    from rlkit.backends.hf import adapter_dir, torch_dtype
+    from rlkit.backends.hf import torch_dtype
+    from rlkit.runs import adapter_dir
     from rlkit.tiny import resolve_model_id
 
     name = str(adapter_dir(init_from)) if init_from else resolve_model_id(spec.name_or_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -93,6 +94,14 @@ def env_presets(task_name: str, env_name: str) -> dict[str, Any]:
     """The task's preset arguments for environment ``env_name`` (MultiHop-RAG describes its news corpus)."""
     task = get_task(task_name)
     return dict(task.ENV_ARGS.get(env_name, {})) if isinstance(task, PresetsEnvArgs) else {}
+
+
+def env_factory(recipe: Recipe) -> Callable[[], Any]:
+    """TRL's ``environment_factory`` for the recipe's environment, with what its task presets for it."""
+    from rlkit.envs import make_factory
+
+    presets = env_presets(recipe.data.task, recipe.env.name) if recipe.env is not None else None
+    return make_factory(recipe, presets)
 
 
 def load_rows(task_name: str, source: DataSource):

@@ -11,10 +11,9 @@ import random
 import re
 from typing import Any
 
-SYSTEM_PROMPT = (
-    "You are a careful math tutor. Reason step by step, then give the final answer "
-    "on the last line in the form `#### <number>`."
-)
+from rlkit.prompts import MATH_TUTOR
+
+SYSTEM_PROMPT = MATH_TUTOR
 # Prompt variants (`data.prompt` in a recipe). `calculator` goes with `env: {name: calculator}`.
 PROMPTS = {
     "default": SYSTEM_PROMPT,

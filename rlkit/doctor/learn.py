@@ -52,9 +52,9 @@ def checks(ctx: Context, *, samples: int | None, endpoint: str | None = None, ap
     temperature = float(ctx.setting("temperature", 1.0) or 1.0)
     max_new = ctx.setting("max_completion_length", None) or recipe.eval.max_new_tokens
     if recipe.env is not None:
-        from rlkit.envs import make_factory
+        from rlkit.data import env_factory
 
-        make_env, max_turns = make_factory(recipe), recipe.env.max_turns
+        make_env, max_turns = env_factory(recipe), recipe.env.max_turns
     else:
         make_env, max_turns = _NoTools, 1
     from rlkit.errors import UserError

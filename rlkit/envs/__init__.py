@@ -16,12 +16,11 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlkit.compat import TRL_NON_TOOL_METHODS, trl_tool_error
-from rlkit.data import env_presets
 from rlkit.envs.calculator import CalculatorEnv
 from rlkit.envs.retrieval import RetrievalEnv
 from rlkit.errors import UserError
@@ -57,10 +56,11 @@ def check_env_args(name: str, args: dict[str, Any]) -> None:
                             f"valid: {', '.join(valid) or 'none'}")
 
 
-def make_factory(recipe: Recipe) -> Callable[[], Any]:
+def make_factory(recipe: Recipe, presets: Mapping[str, Any] | None = None) -> Callable[[], Any]:
     """TRL's ``environment_factory`` for ``recipe``: a picklable partial of the environment class.
 
-    Its arguments are ``env.args`` over what the task presets for the environment (:func:`rlkit.data.env_presets`),
+    Its arguments are ``env.args`` over ``presets``, what the task presets for the environment (the task
+    layer passes them: :func:`rlkit.data.env_factory`),
     plus, when the environment's module defines ``factory_kwargs(recipe)``, what that derives from the rest of
     the recipe (the retrieval env's index comes from ``retrieval:``). A key both set in ``env.args`` and derived
     is an error rather than a silent precedence rule.
@@ -69,7 +69,7 @@ def make_factory(recipe: Recipe) -> Callable[[], Any]:
         raise UserError("env: this recipe has no tool environment; add `env: {name: calculator}` or similar")
     name = recipe.env.name
     check_env_args(name, recipe.env.args)
-    kwargs = {**env_presets(recipe.data.task, name), **recipe.env.args}
+    kwargs = {**(presets or {}), **recipe.env.args}
     cls = env_class(name)
     derive = getattr(sys.modules[cls.__module__], "factory_kwargs", None)
     if derive is not None:

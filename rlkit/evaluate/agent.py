@@ -20,9 +20,9 @@ def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, l
                    out: str | Path | None, show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """Accuracy, EM, F1 and evidence recall, overall and per question type; the results JSON's path."""
     from rlkit.analyze import analyze
-    from rlkit.envs import make_factory
+    from rlkit.data import env_factory
 
-    rows, make_env = episode_rows(recipe, "eval", limit), make_factory(recipe)
+    rows, make_env = episode_rows(recipe, "eval", limit), env_factory(recipe)
     policy, label = make_policy(recipe, run_dir, model=model)
     started = time.time()
     results_path = Path(out) if out else default_out(recipe.name, run_dir, label)

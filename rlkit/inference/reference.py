@@ -46,14 +46,13 @@ def resolve_target(target: str | Path, overrides: list[str] | None = None,
 
 def model_ref(recipe: Recipe, run_dir: Path | None, model: str | None) -> ModelRef:
     """The model ``--model`` names (or, without it, the run's adapter, or the recipe's base model)."""
-    from rlkit.backends import hf
 
     if model is None:
         if run_dir is None:
             return ModelRef(recipe.model, recipe.model.name_or_path)
         return adapter_ref(recipe.model, run_dir / "adapter", f"{run_dir}/adapter")
     if runs.holds_adapter(model):
-        adapter = hf.adapter_dir(model)
+        adapter = runs.adapter_dir(model)
         return adapter_ref(recipe.model, adapter, str(adapter))
     spec = recipe.model.model_copy(update={"name_or_path": model, "load_in_4bit": False})
     return ModelRef(spec, model, plain=True)

@@ -30,12 +30,11 @@ class Source:
 def read_source(source: str | Path, base_model: str | None = None) -> Source:
     """The adapter and its training base: from ``recipe.resolved.yaml`` when there is a run directory."""
     from rlkit import runs
-    from rlkit.backends import hf
     from rlkit.backends.recorded import trained_base
     from rlkit.inference.reference import run_dir_of
     from rlkit.recipe import ModelSpec
 
-    adapter = hf.adapter_dir(source)
+    adapter = runs.adapter_dir(source)
     trained_on = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
     # RUN, RUN/adapter or RUN/checkpoints/checkpoint-N: the run directory knows whether the base was 4-bit.
     run_dir = run_dir_of(adapter)

@@ -15,8 +15,8 @@ import logging
 import math
 from typing import Any
 
-from rlkit.data import load_rows, task_rows
-from rlkit.envs import class_tool_schemas, env_class, env_metrics, make_factory
+from rlkit.data import env_factory, load_rows, task_rows
+from rlkit.envs import class_tool_schemas, env_class, env_metrics
 from rlkit.errors import UserError
 from rlkit.recipe import Recipe
 from rlkit.rewards import Reward, resolve_reward
@@ -88,7 +88,7 @@ def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds
 
     extra: dict[str, Any] = {}
     if recipe.env is not None:
-        extra["environment_factory"] = make_factory(recipe)
+        extra["environment_factory"] = env_factory(recipe)
     train_ds = fit_context(recipe, tokenizer, train_ds, args)
     return GRPOTrainer(model=model, reward_funcs=reward_functions(recipe), args=args, train_dataset=train_ds,
                        processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **extra)

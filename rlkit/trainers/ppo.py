@@ -67,7 +67,7 @@ def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: A
     from rlkit.trainers.reward import load_score_model
 
     if recipe.init_from:
-        from rlkit.backends.hf import adapter_dir
+        from rlkit.runs import adapter_dir
 
         # The starting adapter, frozen, as the KL reference (PPOTrainer switches to it by name).
         model.load_adapter(str(adapter_dir(recipe.init_from)), adapter_name="ref", is_trainable=False)

@@ -40,7 +40,7 @@ def load_score_model(recipe: Recipe, ref: str | Path, tokenizer: Any = None, *, 
     """
     path = Path(ref)
     if runs.holds_adapter(path):
-        directory = hf.adapter_dir(path)
+        directory = runs.adapter_dir(path)
         run_dir = directory.parent if runs.is_run_dir(directory.parent) else None
         spec = recipe.model
         if run_dir is not None:
