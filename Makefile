@@ -58,8 +58,10 @@ sft-then-rl: install
 bench: install
 	$(OFFLINE) $(BIN)/python bench/run.py $(BENCH)
 
+# Style, and the layering contracts in pyproject.toml (also checked by `make test`).
 lint: install
 	$(BIN)/ruff check rlkit tests bench
+	$(BIN)/lint-imports --no-logo
 
 clean:
 	rm -rf $(VENV) runs evals rollouts .pytest_cache
