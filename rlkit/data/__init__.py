@@ -76,6 +76,20 @@ class Sampled(Task, Protocol):
     def prompt_rows(self, ds: Dataset, prompt: str = ...) -> Dataset: ...
 
 
+@runtime_checkable
+class Scored(Task, Protocol):
+    """A task with a checkable answer: ``rlkit eval`` scores completions against the rows' gold."""
+
+    def score(self, completions: list[Any], rows: Any) -> list[float]: ...
+
+
+@runtime_checkable
+class WithEvidence(Task, Protocol):
+    """A task whose rows name gold evidence passages (``rlkit index eval`` scores retrieval against them)."""
+
+    def retrieval_queries(self, ds: Dataset) -> list[dict[str, Any]]: ...
+
+
 TASKS: Registry[ModuleType] = Registry("task", {
     "gsm8k": gsm8k,
     "sft": sft,

@@ -155,10 +155,10 @@ class Context:
             kind = {"sft": "sft", "grpo": "grpo", "ppo": "prompt"}[algo]
             raw = _head(self.raw_rows, self.limit)
             if kind == "prompt":
-                from rlkit.data import get_task
+                from rlkit.data import Sampled, get_task
 
                 task = get_task(self.recipe.data.task)
-                return task.prompt_rows(raw) if hasattr(task, "prompt_rows") else None
+                return task.prompt_rows(raw) if isinstance(task, Sampled) else None
             return task_rows(self.recipe, kind, raw)
 
         return self._once("train_rows", build)
@@ -169,10 +169,10 @@ class Context:
         def build():
             if self.recipe.algorithm == "grpo":
                 return self.train_rows
-            from rlkit.data import get_task
+            from rlkit.data import Sampled, get_task
 
             task = get_task(self.recipe.data.task)
-            if not hasattr(task, "prompt_rows"):
+            if not isinstance(task, Sampled):
                 return None
             source = self.recipe.pairs.prompts if self.recipe.pairs is not None else self.recipe.data.train
             from rlkit.data import load_rows

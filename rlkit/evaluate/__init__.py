@@ -51,9 +51,9 @@ def evaluate(
                               resume=resume)
     if recipe.algorithm == "reward":
         return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
-    from rlkit.data import get_task
+    from rlkit.data import Scored, get_task
 
-    if not hasattr(get_task(recipe.data.task), "score"):
+    if not isinstance(get_task(recipe.data.task), Scored):
         raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
     return evaluate_task(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress, resume=resume)
 

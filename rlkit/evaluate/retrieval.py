@@ -35,7 +35,7 @@ def build_index(recipe: Path, overrides: list[str] | None, smoke: bool, rebuild:
 def evaluate_index(recipe: Path, overrides: list[str] | None, smoke: bool, *, split: str, limit: int | None,
                    k: str) -> None:
     """Score the recipe's index on the split's queries with gold evidence and print the table."""
-    from rlkit.data import get_task, load_rows
+    from rlkit.data import WithEvidence, get_task, load_rows
     from rlkit.retrieval import build_retriever
     from rlkit.retrieval import evaluate as evaluate_retrieval
 
@@ -44,7 +44,7 @@ def evaluate_index(recipe: Path, overrides: list[str] | None, smoke: bool, *, sp
     if split not in ("eval", "train"):
         raise UserError(f"--split {split!r}: use eval or train")
     task = get_task(spec.data.task)
-    if not hasattr(task, "retrieval_queries"):
+    if not isinstance(task, WithEvidence):
         raise UserError(f"{recipe}: task {spec.data.task!r} has no gold evidence to score retrieval against")
     source = spec.data.train if split == "train" else spec.data.eval
     if source is None:
