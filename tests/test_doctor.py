@@ -247,7 +247,7 @@ def test_known_config_table_matches_published_sizes():
     assert parameter_counts(KNOWN["Qwen/Qwen2.5-1.5B-Instruct"])["total"] == pytest.approx(1.54e9, rel=0.01)
 
 
-# Unsloth's published GRPO figures (notes/stack-facts.md), with the settings of Unsloth's GRPO notebooks:
+# Unsloth's published GRPO figures (its GRPO notebooks and docs), with the settings of Unsloth's GRPO notebooks:
 # 4-bit base, fast_inference (colocated vLLM sharing the weights), adamw_8bit, gradient checkpointing with
 # offload, a micro-batch of num_generations completions. The error is stated here and in the README.
 PUBLISHED = [

@@ -9,7 +9,6 @@ dequantizes it, merges in float32 and casts once to ``--dtype``: float32 reprodu
 bf16 to its rounding (positions the adapter itself nearly tied may flip). ``--base original`` merges into
 the unquantized weights, for comparison; for an adapter trained on a 16-bit base the two modes are the
 same merge. A recipe's ``dtype: auto`` resolves on the merging machine (bf16 on a GPU, float32 on CPU).
-See stack-facts.md.
 
 Every merge is checked: the saved directory is reloaded with plain ``AutoModelForCausalLM`` and compared
 with the adapter on its training base (4-bit stays 4-bit) on fixed chat and plain-text prompts: max and
