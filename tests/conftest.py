@@ -8,6 +8,9 @@ os.environ.setdefault("UNSLOTH_DISABLE_CPU_FALLBACK", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# The end-of-run report costs a second or more per training; the tests marked `report` (and test_report.py,
+# which calls write_report itself) check it, every other training skips it.
+os.environ["RLKIT_NO_REPORT"] = "1"
 
 from pathlib import Path  # noqa: E402
 
@@ -31,6 +34,24 @@ def pytest_collection_modifyitems(config, items):
         # directory called `gpu` (or a test named *gpu*) would skip every test.
         if item.get_closest_marker("gpu") is not None and not cuda:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _end_of_run_report(request, monkeypatch):
+    """A test marked `report` gets the end-of-run report of the trainings it starts (in-process or not)."""
+    if request.node.get_closest_marker("report") is not None:
+        monkeypatch.delenv("RLKIT_NO_REPORT")
+
+
+@pytest.fixture(scope="session")
+def sft_run(tmp_path_factory):
+    """One finished 2-step smoke SFT run of gsm8k_sft (lr 5e-2, so its adapter visibly moves the logits), shared
+    by every test that only reads a run: use it read-only, and copy it to tmp_path first to change anything."""
+    from rlkit.recipe import recipes_dir
+    from rlkit.train import train
+
+    out = tmp_path_factory.mktemp("shared") / "sft"
+    return train(recipes_dir() / "gsm8k_sft.yaml", ["trainer.learning_rate=5e-2"], smoke=True, output_dir=out)
 
 
 @pytest.fixture(scope="session")
