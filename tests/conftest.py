@@ -11,6 +11,10 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # The end-of-run report costs a second or more per training; the tests marked `report` (and test_report.py,
 # which calls write_report itself) check it, every other training skips it.
 os.environ["RLKIT_NO_REPORT"] = "1"
+# Under pytest-xdist each worker (and every process it starts) computes on its share of the cores: two workers
+# with a thread per core each would fight over the same cores.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 from pathlib import Path  # noqa: E402
 
