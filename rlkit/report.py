@@ -40,14 +40,21 @@ _LOSS_UNITS = {"sft": "cross-entropy (nats/token)", "dpo": "DPO loss (nats)", "r
 _preloading: list[threading.Thread] = []
 
 
+def wanted() -> bool:
+    """Whether `rlkit train` ends with the report: yes unless ``RLKIT_NO_REPORT=1`` (the test suite sets it except
+    where a test checks the report); ``rlkit report RUN`` draws it later from the run directory alone."""
+    return os.environ.get("RLKIT_NO_REPORT") != "1"
+
+
 def preload() -> None:
     """Load matplotlib and its fonts on a background thread, so that the report at the end of a run draws at once.
 
     Importing matplotlib and rendering the first text take about a second of Python; started before the model
-    loads, that runs while torch computes (it releases the GIL) instead of after the last step.
+    loads, that runs while torch computes (it releases the GIL) instead of after the last step. Not a daemon:
+    a run that fails early waits for the warm-up to finish rather than tearing it down mid-import.
     """
     if not _preloading:
-        _preloading.append(threading.Thread(target=_warm_up, name="rlkit-report-preload", daemon=True))
+        _preloading.append(threading.Thread(target=_warm_up, name="rlkit-report-preload"))
         _preloading[0].start()
 
 

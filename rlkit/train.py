@@ -135,10 +135,11 @@ def _run(recipe: Any, run_dir: Path, backend: str, smoke: bool, source: str, che
     from rlkit import runs
 
     started = time.time()
-    if is_main_process() and os.environ.get("RLKIT_NO_REPORT") != "1":
-        from rlkit.report import preload
+    if is_main_process():
+        from rlkit import report
 
-        preload()
+        if report.wanted():
+            report.preload()
     trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
     stop = _stop_on_signal()
@@ -203,17 +204,14 @@ def barrier() -> None:
 
 
 def _report(run_dir: Path) -> None:
-    """Plots and report.md; a plotting failure is logged with its traceback but never fails a trained run.
+    """Plots and report.md (unless ``RLKIT_NO_REPORT=1``); a plotting failure is logged with its traceback but
+    never fails a trained run."""
+    from rlkit import report
 
-    ``RLKIT_NO_REPORT=1`` skips it (the test suite's runs, which check the report only where they test it);
-    ``rlkit report RUN`` draws it later from the run directory alone.
-    """
-    if os.environ.get("RLKIT_NO_REPORT") == "1":
+    if not report.wanted():
         return
     try:
-        from rlkit.report import write_report
-
-        summary = write_report(run_dir)
+        summary = report.write_report(run_dir)
         log.info("report: %s (%d plots in %s)", summary["report"], len(summary["plots"]), run_dir / "plots")
     except UserError as e:
         log.warning("no report: %s", e)
