@@ -7,8 +7,9 @@ model, 32 generated problems, CPU settings) and `trainer.max_steps` = `trainer.s
 on an idle 2-core machine (1200 SFT steps, 400 GRPO steps), where they should vanish. A random
 model never earns the recipe's GSM8K rewards, so every GRPO advantage would be 0 and the loss 0 on both
 sides whatever they did; the GRPO run therefore adds a third reward that varies on random text
-(`digit_share`, below, through rlkit's `package.module:function` escape hatch), so that the loss and
-the LoRA update are real and comparable.
+(`has_digit`, below, through rlkit's `package.module:function` escape hatch), so that the loss and
+the LoRA update are real and comparable. A right answer always earns it, so `rlkit train`'s pre-launch doctor
+accepts the rewards (a reward that paid a wrong answer more than a right one would be a no-go).
 
 Each run is a fresh process. torch, transformers, trl, peft and datasets are imported before the clock
 starts on both sides; everything after that counts (rlkit's own imports, recipe validation, data, model
@@ -45,7 +46,7 @@ TARGET = 1.05
 SEED = 0
 RECIPES = {"grpo": ROOT / "recipes" / "tiny_arith_grpo.yaml", "sft": ROOT / "recipes" / "tiny_arith_sft.yaml"}
 # The GRPO rewards: the recipe's two plus one with signal on a random model (see the module docstring).
-REWARDS = [("gsm8k_correct", 1.0), ("answer_format", 0.2), ("overhead:digit_share", 1.0)]
+REWARDS = [("gsm8k_correct", 1.0), ("answer_format", 0.2), ("overhead:has_digit", 1.0)]
 
 
 def overrides(algorithm: str, steps: int) -> list[str]:
@@ -56,12 +57,11 @@ _TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_se
 _RESULT = "BENCH_RESULT "
 
 
-def digit_share(completions: list, **kwargs) -> list[float]:
-    """The share of digits in each completion's text: varies between a random model's samples."""
+def has_digit(completions: list, **kwargs) -> list[float]:
+    """1 for a completion with a digit in it: every right answer has one, and a random model's samples differ."""
     from rlkit.rewards.math import completion_text
 
-    texts = [completion_text(c) for c in completions]
-    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
+    return [float(any(ch.isdigit() for ch in completion_text(c))) for c in completions]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def run_trl(algorithm: str, out: Path, steps: int) -> tuple[list[dict[str, Any]]
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
                       modules_to_save=["embed_tokens", "lm_head"], bias="none", task_type="CAUSAL_LM")
     if algorithm == "grpo":
-        trainer = GRPOTrainer(model=model, reward_funcs=[gsm8k_correct, answer_format, digit_share], args=args,
+        trainer = GRPOTrainer(model=model, reward_funcs=[gsm8k_correct, answer_format, has_digit], args=args,
                               train_dataset=rows, processing_class=tokenizer, peft_config=lora)
     else:
         trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer, peft_config=lora)
