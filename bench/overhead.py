@@ -2,19 +2,24 @@
 TRL script (same model, rows, LoRA, seed, TrainingArguments, steps). Target: wall-time ratio <= 1.05, equal loss.
 
 The runs are `recipes/tiny_arith_grpo.yaml` and `recipes/tiny_arith_sft.yaml` with `--smoke` (the tiny
-model, 32 generated problems, CPU settings) and `trainer.max_steps=8`, `trainer.save_steps=8`. A random
+model, 32 generated problems, CPU settings) and `trainer.max_steps` = `trainer.save_steps`, at two lengths: 8 steps
+(about a second of training, where rlkit's fixed costs show most) and a long run of at least 60 s of training
+on an idle 2-core machine (1200 SFT steps, 400 GRPO steps), where they should vanish. A random
 model never earns the recipe's GSM8K rewards, so every GRPO advantage would be 0 and the loss 0 on both
 sides whatever they did; the GRPO run therefore adds a third reward that varies on random text
-(`digit_share`, below, through rlkit's `package.module:function` escape hatch), so that the loss and
-the LoRA update are real and comparable.
+(`has_digit`, below, through rlkit's `package.module:function` escape hatch), so that the loss and
+the LoRA update are real and comparable. A right answer always earns it, so `rlkit train`'s pre-launch doctor
+accepts the rewards (a reward that paid a wrong answer more than a right one would be a no-go).
 
 Each run is a fresh process. torch, transformers, trl, peft and datasets are imported before the clock
 starts on both sides; everything after that counts (rlkit's own imports, recipe validation, data, model
-load, trainer, training, saving, rlkit's run report). The sides alternate, `REPEAT` times; the median of
-the per-repetition ratios is reported. Equivalence is checked three ways: the TrainingArguments both
-sides saved, every logged metric at every step, and the saved adapters' tensors.
+load, trainer, training, saving, rlkit's run report). The sides alternate, `REPEAT` times for the short runs
+and `LONG_REPEAT` times for the long ones; the median of the per-repetition ratios is reported. Equivalence
+is checked three ways: the TrainingArguments both sides saved, every logged metric at every step, and the
+saved adapters' tensors.
 
     .venv/bin/python bench/overhead.py
+    .venv/bin/python bench/overhead.py --long-repeat 0   # the short runs only (about a minute)
 """
 
 from __future__ import annotations
@@ -34,34 +39,36 @@ from common import PYTHON, ROOT, figure, median, offline_env, table, write
 
 STEPS = 8
 REPEAT = 3
+# Steps for at least 60 s of training on an idle 2-core machine (about 55 ms per SFT step, 180 ms per GRPO step).
+LONG_STEPS = {"grpo": 400, "sft": 1200}
+LONG_REPEAT = 1
 TARGET = 1.05
 SEED = 0
 RECIPES = {"grpo": ROOT / "recipes" / "tiny_arith_grpo.yaml", "sft": ROOT / "recipes" / "tiny_arith_sft.yaml"}
 # The GRPO rewards: the recipe's two plus one with signal on a random model (see the module docstring).
-REWARDS = [("gsm8k_correct", 1.0), ("answer_format", 0.2), ("overhead:digit_share", 1.0)]
-OVERRIDES = {
-    "grpo": [f"trainer.max_steps={STEPS}", f"trainer.save_steps={STEPS}",
-             "rewards=[" + ", ".join(f'{{name: "{n}", weight: {w}}}' for n, w in REWARDS) + "]"],
-    "sft": [f"trainer.max_steps={STEPS}", f"trainer.save_steps={STEPS}"],
-}
+REWARDS = [("gsm8k_correct", 1.0), ("answer_format", 0.2), ("overhead:has_digit", 1.0)]
+
+
+def overrides(algorithm: str, steps: int) -> list[str]:
+    extra = ["rewards=[" + ", ".join(f'{{name: "{n}", weight: {w}}}' for n, w in REWARDS) + "]"]
+    return [f"trainer.max_steps={steps}", f"trainer.save_steps={steps}", *(extra if algorithm == "grpo" else [])]
 # Logged values that measure time, not training: they differ between any two runs.
 _TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time", "epoch"}
 _RESULT = "BENCH_RESULT "
 
 
-def digit_share(completions: list, **kwargs) -> list[float]:
-    """The share of digits in each completion's text: varies between a random model's samples."""
+def has_digit(completions: list, **kwargs) -> list[float]:
+    """1 for a completion with a digit in it: every right answer has one, and a random model's samples differ."""
     from rlkit.rewards.text import completion_text
 
-    texts = [completion_text(c) for c in completions]
-    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
+    return [float(any(ch.isdigit() for ch in completion_text(c))) for c in completions]
 
 
 # ---------------------------------------------------------------------------------------------
 # The two sides (each runs in its own process)
 
 
-def run_rlkit(algorithm: str, out: Path) -> tuple[list[dict[str, Any]], float]:
+def run_rlkit(algorithm: str, out: Path, steps: int) -> tuple[list[dict[str, Any]], float]:
     """(logged metrics, seconds spent writing the end-of-run report), the report timed by wrapping it unchanged."""
     from rlkit import runs
     from rlkit.train import train
@@ -79,11 +86,11 @@ def run_rlkit(algorithm: str, out: Path) -> tuple[list[dict[str, Any]], float]:
                 spent.append(time.perf_counter() - started)
 
         report.write_report = timed_report  # train() looks it up in the module when the run ends
-    run_dir = train(RECIPES[algorithm], OVERRIDES[algorithm], smoke=True, output_dir=out, overwrite=True)
+    run_dir = train(RECIPES[algorithm], overrides(algorithm, steps), smoke=True, output_dir=out, overwrite=True)
     return runs.read_metrics(run_dir), sum(spent)
 
 
-def run_trl(algorithm: str, out: Path) -> tuple[list[dict[str, Any]], float]:
+def run_trl(algorithm: str, out: Path, steps: int) -> tuple[list[dict[str, Any]], float]:
     """What a TRL user writes for the same run. The rows come from rlkit's generator so that the data match."""
     import torch
     from peft import LoraConfig
@@ -94,7 +101,7 @@ def run_trl(algorithm: str, out: Path) -> tuple[list[dict[str, Any]], float]:
 
     model_path = str(tiny_model_path("tiny"))
     shared = {"output_dir": str(out / "checkpoints"), "use_cpu": True, "bf16": False, "fp16": False, "seed": SEED,
-              "max_steps": STEPS, "save_steps": STEPS, "logging_steps": 1, "report_to": "none", "warmup_steps": 0,
+              "max_steps": steps, "save_steps": steps, "logging_steps": 1, "report_to": "none", "warmup_steps": 0,
               "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
               "dataloader_num_workers": 0, "run_name": out.name}
     if algorithm == "grpo":
@@ -116,7 +123,7 @@ def run_trl(algorithm: str, out: Path) -> tuple[list[dict[str, Any]], float]:
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
                       modules_to_save=["embed_tokens", "lm_head"], bias="none", task_type="CAUSAL_LM")
     if algorithm == "grpo":
-        trainer = GRPOTrainer(model=model, reward_funcs=[gsm8k_correct, answer_format, digit_share], args=args,
+        trainer = GRPOTrainer(model=model, reward_funcs=[gsm8k_correct, answer_format, has_digit], args=args,
                               train_dataset=rows, processing_class=tokenizer, peft_config=lora)
     else:
         trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer, peft_config=lora)
@@ -126,7 +133,7 @@ def run_trl(algorithm: str, out: Path) -> tuple[list[dict[str, Any]], float]:
     return trainer.state.log_history, 0.0
 
 
-def child(side: str, algorithm: str, out: Path) -> None:
+def child(side: str, algorithm: str, out: Path, steps: int) -> None:
     """One timed run; prints its result as one JSON line."""
     import datasets  # noqa: F401  (the heavy imports both sides share happen before the clock starts)
     import peft  # noqa: F401
@@ -136,9 +143,9 @@ def child(side: str, algorithm: str, out: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: F401
 
     started = time.perf_counter()
-    log, report_seconds = (run_rlkit if side == "rlkit" else run_trl)(algorithm, out)
+    log, report_seconds = (run_rlkit if side == "rlkit" else run_trl)(algorithm, out, steps)
     seconds = time.perf_counter() - started
-    checkpoint = out / "checkpoints" / f"checkpoint-{STEPS}" / "training_args.bin"
+    checkpoint = out / "checkpoints" / f"checkpoint-{steps}" / "training_args.bin"
     args = torch.load(checkpoint, weights_only=False).to_dict()
     result = {"seconds": seconds, "report_seconds": report_seconds, "log": log, "args": args}
     print(_RESULT + json.dumps(result, default=str), flush=True)
@@ -148,8 +155,9 @@ def child(side: str, algorithm: str, out: Path) -> None:
 # The comparison (the parent process)
 
 
-def spawn(side: str, algorithm: str, out: Path) -> dict[str, Any]:
-    done = subprocess.run([PYTHON, __file__, "--child", side, algorithm, str(out)], cwd=ROOT, env=offline_env(),
+def spawn(side: str, algorithm: str, out: Path, steps: int) -> dict[str, Any]:
+    done = subprocess.run([PYTHON, __file__, "--child", side, algorithm, str(out), str(steps)], cwd=ROOT,
+                          env=offline_env(),
                           capture_output=True, text=True)
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-5000:])
@@ -200,80 +208,103 @@ def last(log: list[dict], key: str) -> float:
     return next(row[key] for row in reversed(log) if key in row)
 
 
-def main() -> None:
+def compare(algorithm: str, steps: int, repeat: int, tmp: Path) -> dict[str, Any]:
+    """Run both sides ``repeat`` times, alternating which goes first; the timings and the equivalence checks."""
+    results: dict[str, list[dict]] = {"rlkit": [], "trl": []}
+    for rep in range(repeat):
+        for side in ("rlkit", "trl") if rep % 2 == 0 else ("trl", "rlkit"):
+            out = tmp / f"{algorithm}-{steps}-{side}-{rep}"
+            results[side].append(spawn(side, algorithm, out, steps))
+            shutil.rmtree(out)
+            print(f"{algorithm} {steps} steps, {side} #{rep + 1}: {results[side][-1]['seconds']:.2f}s", flush=True)
+    mine, theirs = results["rlkit"], results["trl"]
+    compared, worst, mismatched = compare_logs(mine[0]["log"], theirs[0]["log"])
+    return {
+        "steps": steps,
+        **{key: {"rlkit": [m[key] for m in mine], "trl": [t[key] for t in theirs]}
+           for key in ("seconds", "train_runtime", "report_seconds")},
+        "ratios": [m["seconds"] / t["seconds"] for m, t in zip(mine, theirs, strict=True)],
+        "ratios_without_report": [(m["seconds"] - m["report_seconds"]) / t["seconds"]
+                                  for m, t in zip(mine, theirs, strict=True)],
+        **{key: {"rlkit": last(mine[0]["log"], name), "trl": last(theirs[0]["log"], name)}
+           for key, name in (("final_loss", "loss"), ("train_loss", "train_loss"))},
+        "logged_values_compared": compared, "largest_logged_difference": worst, "mismatched_keys": mismatched,
+        "adapter_max_abs_difference": compare_adapters(mine[0]["adapter"], theirs[0]["adapter"]),
+        "adapter_max_abs_difference_across_all_runs": max(compare_adapters(mine[0]["adapter"], r["adapter"])
+                                                          for r in mine + theirs),
+        "training_arguments_that_differ": args_differ(mine[0]["args"], theirs[0]["args"]),
+        "overrides": overrides(algorithm, steps),
+    }
+
+
+def report_rows(run: str, d: dict[str, Any]) -> tuple[list[Any], list[Any], list[dict[str, Any]]]:
+    """(wall-time row, equivalence row, figures) of one ``compare`` result."""
+    med = {key: {side: median(values) for side, values in d[key].items()}
+           for key in ("seconds", "train_runtime", "report_seconds")}
+    ratio, no_report = median(d["ratios"]), median(d["ratios_without_report"])
+    timing = [run, d["steps"], len(d["ratios"]), med["seconds"]["rlkit"], med["seconds"]["trl"], ratio,
+              med["seconds"]["rlkit"] - med["seconds"]["trl"], med["report_seconds"]["rlkit"], no_report,
+              med["train_runtime"]["rlkit"], med["train_runtime"]["trl"]]
+    same = [run, f"{d['final_loss']['rlkit']:.6g} / {d['final_loss']['trl']:.6g}",
+            f"{d['train_loss']['rlkit']:.6g} / {d['train_loss']['trl']:.6g}",
+            f"{d['logged_values_compared']} values, max |diff| {d['largest_logged_difference']:.3g}",
+            f"{d['adapter_max_abs_difference']:.3g}", ", ".join(d["training_arguments_that_differ"])]
+    figures = [
+        figure(f"{run}: rlkit / TRL script wall time", ratio, "x", at_most=TARGET, digits=3,
+               note=f"{d['steps']} steps: {med['seconds']['rlkit']:.2f}s vs {med['seconds']['trl']:.2f}s"),
+        figure(f"{run}: same, without rlkit's end-of-run report", no_report, "x", digits=3,
+               note=f"the report took {med['report_seconds']['rlkit']:.2f}s"),
+        figure(f"{run}: final loss, largest |rlkit - TRL| over every logged value", d["largest_logged_difference"],
+               "", at_most=1e-6, digits=9, note=f"final loss {d['final_loss']['rlkit']:.6g} vs "
+               f"{d['final_loss']['trl']:.6g}; train_loss {d['train_loss']['rlkit']:.6g} vs "
+               f"{d['train_loss']['trl']:.6g}; adapters max |diff| {d['adapter_max_abs_difference']:.3g}"),
+    ]
+    return timing, same, figures
+
+
+def main(long_repeat: int = LONG_REPEAT) -> None:
     from rlkit.tiny import tiny_model_path
 
     tiny_model_path("tiny")  # built once (seconds) before any timing, if this machine has not built it yet
-    timing_rows, same_rows, figures = [], [], []
+    lengths = [("", STEPS, REPEAT)] + ([(" long", None, long_repeat)] if long_repeat else [])
     details: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-overhead-") as tmp:
-        for algorithm in RECIPES:
-            results: dict[str, list[dict]] = {"rlkit": [], "trl": []}
-            for rep in range(REPEAT):
-                order = ("rlkit", "trl") if rep % 2 == 0 else ("trl", "rlkit")
-                for side in order:
-                    out = Path(tmp) / f"{algorithm}-{side}-{rep}"
-                    results[side].append(spawn(side, algorithm, out))
-                    shutil.rmtree(out)
-                    print(f"{algorithm} {side} #{rep + 1}: {results[side][-1]['seconds']:.2f}s", flush=True)
-            mine, theirs = results["rlkit"], results["trl"]
-            ratios = [m["seconds"] / t["seconds"] for m, t in zip(mine, theirs, strict=True)]
-            no_report = [(m["seconds"] - m["report_seconds"]) / t["seconds"] for m, t in zip(mine, theirs, strict=True)]
-            compared, worst, mismatched = compare_logs(mine[0]["log"], theirs[0]["log"])
-            adapter_diff = compare_adapters(mine[0]["adapter"], theirs[0]["adapter"])
-            d = details[algorithm] = {
-                **{key: {"rlkit": [m[key] for m in mine], "trl": [t[key] for t in theirs]}
-                   for key in ("seconds", "train_runtime", "report_seconds")},
-                "ratios": ratios, "ratios_without_report": no_report,
-                **{key: {"rlkit": last(mine[0]["log"], name), "trl": last(theirs[0]["log"], name)}
-                   for key, name in (("final_loss", "loss"), ("train_loss", "train_loss"))},
-                "logged_values_compared": compared, "largest_logged_difference": worst,
-                "mismatched_keys": mismatched, "adapter_max_abs_difference": adapter_diff,
-                "adapter_max_abs_difference_across_all_runs": max(compare_adapters(mine[0]["adapter"], r["adapter"])
-                                                                  for r in mine + theirs),
-                "training_arguments_that_differ": args_differ(mine[0]["args"], theirs[0]["args"]),
-                "overrides": OVERRIDES[algorithm],
-            }
-            med = {key: {side: median(values) for side, values in d[key].items()}
-                   for key in ("seconds", "train_runtime", "report_seconds")}
-            timing_rows.append([algorithm, med["seconds"]["rlkit"], med["seconds"]["trl"], median(ratios),
-                                med["seconds"]["rlkit"] - med["seconds"]["trl"], med["report_seconds"]["rlkit"],
-                                median(no_report), med["train_runtime"]["rlkit"], med["train_runtime"]["trl"]])
-            same_rows.append([algorithm, f"{d['final_loss']['rlkit']:.6g} / {d['final_loss']['trl']:.6g}",
-                              f"{d['train_loss']['rlkit']:.6g} / {d['train_loss']['trl']:.6g}",
-                              f"{compared} values, max |diff| {worst:.3g}", f"{adapter_diff:.3g}",
-                              ", ".join(d["training_arguments_that_differ"])])
-            figures += [
-                figure(f"{algorithm}: rlkit / TRL script wall time", median(ratios), "x", at_most=TARGET, digits=3,
-                       note=f"{STEPS} steps: {med['seconds']['rlkit']:.2f}s vs {med['seconds']['trl']:.2f}s"),
-                figure(f"{algorithm}: same, without rlkit's end-of-run report", median(no_report), "x", digits=3,
-                       note=f"the report took {med['report_seconds']['rlkit']:.2f}s"),
-                figure(f"{algorithm}: final loss, largest |rlkit - TRL| over every logged value", worst, "",
-                       at_most=1e-6, digits=9, note=f"final loss {d['final_loss']['rlkit']:.6g} vs "
-                       f"{d['final_loss']['trl']:.6g}; train_loss {d['train_loss']['rlkit']:.6g} vs "
-                       f"{d['train_loss']['trl']:.6g}; adapters max |diff| {adapter_diff:.3g}"),
-            ]
-    notes = [f"{algorithm}: {d['logged_values_compared']} logged values compared step by step (loss, grad norm, "
+        for suffix, steps, repeat in lengths:
+            for algorithm in RECIPES:
+                details[algorithm + suffix] = compare(algorithm, steps or LONG_STEPS[algorithm], repeat, Path(tmp))
+    timing_rows, same_rows, figures = [], [], []
+    for run, d in details.items():
+        timing, same, figs = report_rows(run, d)
+        timing_rows.append(timing)
+        same_rows.append(same)
+        figures += figs
+    notes = [f"{run}: {d['logged_values_compared']} logged values compared step by step (loss, grad norm, "
              "learning rate and, for GRPO, rewards, entropy, completion lengths, ...); metrics logged by one side "
              f"only or unequal as text: {', '.join(d['mismatched_keys']) or 'none'}; the adapters of all "
-             f"{2 * REPEAT} runs differ by at most {d['adapter_max_abs_difference_across_all_runs']:.3g}."
-             for algorithm, d in details.items()]
+             f"{2 * len(d['ratios'])} runs differ by at most {d['adapter_max_abs_difference_across_all_runs']:.3g}."
+             for run, d in details.items()]
     notes.append("The TRL script's rows come from rlkit's GSM8K generator (the data must match); everything else in it "
                  "is plain transformers + peft + TRL.")
+    notes.append(f"The long runs ({LONG_STEPS['sft']} SFT and {LONG_STEPS['grpo']} GRPO steps, at least 60 s of "
+                 "training each on an idle 2-core machine) show what a fixed cost is worth next to real training; "
+                 "the 8-step runs show the fixed costs themselves.")
     write("overhead", "rlkit overhead vs a hand-written TRL script", figures,
-          [table(f"Wall time, median of {REPEAT} alternating fresh-process runs of {STEPS} steps (seconds)",
-                 ["run", "rlkit", "TRL script", "ratio", "rlkit extra (s)", "rlkit report (s)", "ratio without report",
-                  "rlkit train()", "TRL train()"], timing_rows),
+          [table("Wall time, median of alternating fresh-process runs (seconds)",
+                 ["run", "steps", "runs per side", "rlkit", "TRL script", "ratio", "rlkit extra (s)",
+                  "rlkit report (s)", "ratio without report", "rlkit train()", "TRL train()"], timing_rows),
            table("Do both train the same?",
                  ["run", "final loss rlkit / TRL", "train_loss rlkit / TRL", "every logged value",
                   "adapter max |diff|", "TrainingArguments that differ"], same_rows)],
           what="The same tiny GRPO and SFT runs through `rlkit.train.train` (`--smoke` recipes) and through a "
-               "hand-written TRL script: wall time after the shared heavy imports, and whether both train the same.",
+               "hand-written TRL script, 8 steps and a long run: wall time after the shared heavy imports, and "
+               "whether both train the same.",
           details=details, notes=notes)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
+        child(sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]))
+    elif sys.argv[1:2] == ["--long-repeat"]:
+        main(int(sys.argv[2]))
     else:
         main()

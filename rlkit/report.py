@@ -13,10 +13,13 @@ secret value (``rlkit.secrets``) that still slipped into its text. Links are rel
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +37,44 @@ _LOSS_UNITS = {"sft": "cross-entropy (nats/token)", "dpo": "DPO loss (nats)", "r
                "grpo": "surrogate loss (advantage units)"}
 
 
+_preloading: list[threading.Thread] = []
+
+
+def wanted() -> bool:
+    """Whether `rlkit train` ends with the report: yes unless ``RLKIT_NO_REPORT=1`` (the test suite sets it except
+    where a test checks the report); ``rlkit report RUN`` draws it later from the run directory alone."""
+    return os.environ.get("RLKIT_NO_REPORT") != "1"
+
+
+def preload() -> None:
+    """Load matplotlib and its fonts on a background thread, so that the report at the end of a run draws at once.
+
+    Importing matplotlib and rendering the first text take about a second of Python; started before the model
+    loads, that runs while torch computes (it releases the GIL) instead of after the last step. Not a daemon:
+    a run that fails early waits for the warm-up to finish rather than tearing it down mid-import.
+    """
+    if not _preloading:
+        _preloading.append(threading.Thread(target=_warm_up, name="rlkit-report-preload"))
+        _preloading[0].start()
+
+
+def _warm_up() -> None:
+    """Draw one small labelled figure into memory: imports matplotlib, reads the font, fills its caches.
+
+    A failure here is write_report's to raise (train() logs it there), not this thread's.
+    """
+    with contextlib.suppress(Exception):
+        fig, axes = _figure(1)
+        axes[0].plot([0, 1], [0, 1], label="warm-up")
+        _decorate(axes[0], "value (fraction)", legend=True)
+        fig.suptitle("warm-up")
+        fig.savefig(io.BytesIO(), format="png", dpi=10)
+
+
 def write_report(run_dir: str | Path) -> dict[str, Any]:
     """Draw the charts into ``RUN/plots/``, write ``RUN/report.md``; return what was written and the table rows."""
+    for thread in _preloading:
+        thread.join()  # a report drawn while the warm-up is still importing matplotlib would only wait for it
     run_dir = Path(run_dir)
     if not runs.is_run_dir(run_dir):
         raise UserError(f"{run_dir}: not a run directory (no {runs.RESOLVED}); pass the --output-dir of an "

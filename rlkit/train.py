@@ -136,6 +136,11 @@ def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: b
 def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str, smoke: bool, source: str,
          checkpoint: Path | None, resume_command: str) -> Path:
     started = time.time()
+    if is_main_process():
+        from rlkit import report
+
+        if report.wanted():
+            report.preload()
     trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint,
                                        config=config)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
@@ -199,11 +204,14 @@ def barrier() -> None:
 
 
 def _report(run_dir: Path) -> None:
-    """Plots and report.md; a plotting failure is logged with its traceback but never fails a trained run."""
-    try:
-        from rlkit.report import write_report
+    """Plots and report.md (unless ``RLKIT_NO_REPORT=1``); a plotting failure is logged with its traceback but
+    never fails a trained run."""
+    from rlkit import report
 
-        summary = write_report(run_dir)
+    if not report.wanted():
+        return
+    try:
+        summary = report.write_report(run_dir)
         log.info("report: %s (%d plots in %s)", summary["report"], len(summary["plots"]), run_dir / "plots")
     except UserError as e:
         log.warning("no report: %s", e)

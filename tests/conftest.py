@@ -8,6 +8,13 @@ os.environ.setdefault("UNSLOTH_DISABLE_CPU_FALLBACK", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# The end-of-run report costs a second or more per training; the tests marked `report` (and test_report.py,
+# which calls write_report itself) check it, every other training skips it.
+os.environ["RLKIT_NO_REPORT"] = "1"
+# Under pytest-xdist each worker (and every process it starts) computes on its share of the cores: two workers
+# with a thread per core each would fight over the same cores.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 from pathlib import Path  # noqa: E402
 
@@ -31,6 +38,24 @@ def pytest_collection_modifyitems(config, items):
         # directory called `gpu` (or a test named *gpu*) would skip every test.
         if item.get_closest_marker("gpu") is not None and not cuda:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _end_of_run_report(request, monkeypatch):
+    """A test marked `report` gets the end-of-run report of the trainings it starts (in-process or not)."""
+    if request.node.get_closest_marker("report") is not None:
+        monkeypatch.delenv("RLKIT_NO_REPORT")
+
+
+@pytest.fixture(scope="session")
+def sft_run(tmp_path_factory):
+    """One finished 2-step smoke SFT run of gsm8k_sft (lr 5e-2, so its adapter visibly moves the logits), shared
+    by every test that only reads a run: use it read-only, and copy it to tmp_path first to change anything."""
+    from rlkit.recipe import recipes_dir
+    from rlkit.train import train
+
+    out = tmp_path_factory.mktemp("shared") / "sft"
+    return train(recipes_dir() / "gsm8k_sft.yaml", ["trainer.learning_rate=5e-2"], smoke=True, output_dir=out)
 
 
 @pytest.fixture(scope="session")

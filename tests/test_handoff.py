@@ -13,12 +13,6 @@ from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.train import _require_trainable, build_trainer, train
 
 
-@pytest.fixture(scope="module")
-def sft_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("handoff") / "sft"
-    return train(recipes_dir() / "gsm8k_sft.yaml", ["trainer.learning_rate=5e-2"], smoke=True, output_dir=out)
-
-
 def recipe(name, sft_run, *overrides):
     return load_recipe(recipes_dir() / f"{name}.yaml", [f"init_from={sft_run}", *overrides], smoke=True)
 

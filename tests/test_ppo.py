@@ -141,10 +141,9 @@ def test_ppo_against_a_reward_run(reward_run, tmp_path):
     assert len([r for r in rows if "objective/scores" in r]) == 2
 
 
-def test_reward_model_must_be_a_reward_run(tmp_path):
-    sft = train(recipes_dir() / "gsm8k_sft.yaml", smoke=True, output_dir=tmp_path / "sft")
+def test_reward_model_must_be_a_reward_run(sft_run, tmp_path):
     with pytest.raises(UserError, match="a sft run, not a reward model"):
-        build(tmp_path, f"reward_model={sft}", "rewards=[]")
+        build(tmp_path, f"reward_model={sft_run}", "rewards=[]")
 
 
 def test_ppo_needs_exactly_one_reward_source(tmp_path):

@@ -18,13 +18,40 @@ def test_training_off_a_terminal_logs_one_line_per_logging_step(tmp_path, caplog
     assert all("loss " in line and "tok acc " in line and " elapsed, " in line and " left)" in line for line in lines)
 
 
+def drive(callback, tmp_path, logs, max_steps):
+    """What the Trainer does with a callback over ``max_steps`` steps, one ``logs`` dict logged per step."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=max_steps)
+    state, control = TrainerState(max_steps=max_steps), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    for step in range(1, max_steps + 1):
+        state.global_step = step
+        callback.on_step_end(args, state, control)
+        callback.on_log(args, state, control, logs=logs)
+    callback.on_log(args, state, control, logs={"train_runtime": 1.0, "train_loss": logs["loss"]})
+    callback.on_train_end(args, state, control)
+
+
 def test_training_on_a_terminal_draws_a_bar_with_metrics(tmp_path, monkeypatch):
     screen = io.StringIO()
     monkeypatch.setattr(progress, "interactive", lambda: True)
     monkeypatch.setattr(progress, "console", lambda: Console(file=screen, force_terminal=True, width=160))
-    train(recipes_dir() / "tiny_arith_grpo.yaml", ["trainer.max_steps=2"], smoke=True, output_dir=tmp_path / "r")
+    grpo_logs = {"loss": 0.01, "reward": 0.25, "reward_std": 0.1, "kl": 0.002, "completions/mean_length": 21.5}
+    drive(progress.training_callback("grpo tiny_arith_grpo"), tmp_path, grpo_logs, max_steps=2)
     text = screen.getvalue()
-    assert "grpo tiny_arith_grpo" in text and "2/2" in text and "reward " in text and "eta" in text
+    assert "grpo tiny_arith_grpo" in text and "2/2" in text and "reward 0.25" in text and "eta" in text
+
+
+def test_off_a_terminal_each_step_logs_its_metrics_and_the_final_summary_row_does_not(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(progress, "interactive", lambda: False)
+    callback = progress.training_callback("sft")
+    with caplog.at_level("INFO", logger="rlkit"):
+        drive(callback, tmp_path, {"loss": 0.5, "mean_token_accuracy": 0.25}, max_steps=2)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"]
+    assert all("loss 0.5  tok acc 0.25  (" in line and line.endswith(" left)") for line in lines)
+    assert lines[-1].endswith("0m00s left)")
 
 
 def test_bars_draw_only_on_a_terminal(monkeypatch):

@@ -44,6 +44,7 @@ def signal_after_step(run_dir, step, signum=signal.SIGINT):
     return thread
 
 
+@pytest.mark.report
 def test_sigint_saves_a_checkpoint_and_resume_ends_where_an_uninterrupted_run_does(tmp_path):
     overrides = ["trainer.max_steps=8", "trainer.save_steps=100"]
     reference = train(SFT, overrides, smoke=True, output_dir=tmp_path / "reference")

@@ -14,6 +14,7 @@ from rlkit.recipe import recipes_dir
 RLKIT = str(Path(sys.executable).parent / "rlkit")
 
 
+@pytest.mark.report
 @pytest.mark.parametrize(("recipe", "epoch_after_step_1"), [
     ("tiny_arith_sft.yaml", 0.25),     # 32 rows, 4 per device x 2 processes
     ("tiny_arith_grpo.yaml", 0.0625),  # 32 prompts, 1 prompt (4 completions) per device x 2 processes

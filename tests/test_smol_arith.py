@@ -97,6 +97,7 @@ def test_format_share_counts_replies_ending_with_the_answer_line():
     assert format_share(results) == 0.5
 
 
+@pytest.mark.report
 def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_path):
     """The real demo's wiring, on the tiny model with one GRPO step (the numbers are `make demo`'s job)."""
     from rlkit.demo_real import run_demo

@@ -29,6 +29,7 @@ def _files_leaking(root: Path, values) -> list[str]:
     return leaks
 
 
+@pytest.mark.report
 def test_wandb_goes_offline_tensorboard_logs_and_no_secret_is_written_anywhere(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     # A key, but no route to the W&B server: the run must go offline rather than stop.

@@ -68,11 +68,10 @@ def test_grpo_two_steps_train_lora_only(tmp_path, monkeypatch):
     assert trainer.args.reward_weights == [1.0, 0.5]
 
 
-def test_train_writes_run_directory_and_refuses_reuse(tmp_path):
+def test_train_writes_run_directory_and_refuses_reuse(sft_run):
     from rlkit.errors import UserError
 
-    out = tmp_path / "sft"
-    run_dir = train(recipes_dir() / "gsm8k_sft.yaml", smoke=True, output_dir=out)
+    run_dir = out = sft_run
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
     assert (run_dir / "adapter" / "tokenizer.json").is_file()
     assert (run_dir / "checkpoints" / "checkpoint-2").is_dir()
