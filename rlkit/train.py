@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit import backends, compat, handoff, progress, runs, safety, secrets, tracking
+from rlkit import backends, compat, handoff, progress, report, runs, safety, secrets, tracking
 from rlkit.backends import backend_request, cuda_available
 from rlkit.backends.hf import loaded_base
 from rlkit.errors import Interrupted, UserError
@@ -107,14 +107,14 @@ def _doctor(recipe: Recipe, source: str) -> None:
     from rlkit.doctor import CHEAP, Refused, run
 
     started = time.perf_counter()
-    report = run(source, recipe=recipe, families=CHEAP, limit=4, before_training=True)
-    for check in report.checks:
+    verdict = run(source, recipe=recipe, families=CHEAP, limit=4, before_training=True)
+    for check in verdict.checks:
         if check.verdict == "warn" and is_main_process():
             log.warning("doctor: %s/%s: %s", check.family, check.name, check.evidence)
-    log.info("doctor: %s (%.2fs; `rlkit doctor %s` for the full report, --no-doctor to skip)", report.summary(),
+    log.info("doctor: %s (%.2fs; `rlkit doctor %s` for the full report, --no-doctor to skip)", verdict.summary(),
              time.perf_counter() - started, source)
-    if not report.go:
-        raise Refused(report.summary())
+    if not verdict.go:
+        raise Refused(verdict.summary())
 
 
 def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: bool) -> None:
@@ -136,11 +136,8 @@ def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: b
 def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str, smoke: bool, source: str,
          checkpoint: Path | None, resume_command: str) -> Path:
     started = time.time()
-    if is_main_process():
-        from rlkit import report
-
-        if report.wanted():
-            report.preload()
+    if is_main_process() and report.wanted():
+        report.preload()
     trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint,
                                        config=config)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
@@ -206,8 +203,6 @@ def barrier() -> None:
 def _report(run_dir: Path) -> None:
     """Plots and report.md (unless ``RLKIT_NO_REPORT=1``); a plotting failure is logged with its traceback but
     never fails a trained run."""
-    from rlkit import report
-
     if not report.wanted():
         return
     try:

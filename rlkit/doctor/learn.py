@@ -68,6 +68,9 @@ def checks(ctx: Context, *, samples: int | None, endpoint: str | None = None, ap
             raise
         return [Check(F, "probe", "skip", f"cannot load the model here: {e}",
                       "run where the model is cached, or sample a served copy with --endpoint URL")], {}
+    from transformers import set_seed
+
+    set_seed(int(ctx.setting("seed", 42)))  # the trainer's seed: the same samples on every run, whatever ran before
     episodes = run_episodes([r for r in row_list for _ in range(samples)], make_env, policy, max_turns=max_turns,
                             show_progress=False)
     rewards = [r["reward"] for r in score_episodes(episodes, recipe)]

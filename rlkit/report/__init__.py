@@ -1,0 +1,202 @@
+"""``rlkit report``: PNG charts and a Markdown report for a run directory.
+
+    RUN/plots/*.png   one chart per group of metrics the run logged (reward, loss, KL, lengths, ...)
+    RUN/report.md     what the run was, a first/last/min/max table of its key metrics, its evals, the charts
+
+Charts are drawn only for metrics present in ``metrics.jsonl``; the x axis is TRL's ``global_step``. A value
+that is missing, null or NaN is skipped, not drawn as zero. Every file is written under a temporary name and
+moved into place, so a reader (a browser, VS Code's preview) never sees half a PNG, even mid-training.
+The report reads named fields of the resolved recipe only, never the environment, and masks any known
+secret value (``rlkit.secrets``) that still slipped into its text. Links are relative to RUN, so
+``report.md`` renders on GitHub and in VS Code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from rlkit import runs, secrets
+from rlkit.errors import UserError
+from rlkit.report.charts import CHARTS, atomic_write, decorate, figure, finite_number, fmt, series
+
+PLOTS = "plots"
+REPORT = "report.md"
+_TRAINER_KEYS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+                 "beta", "max_completion_length", "num_train_epochs")
+
+
+_preloading: list[threading.Thread] = []
+
+
+def wanted() -> bool:
+    """Whether `rlkit train` ends with the report: yes unless ``RLKIT_NO_REPORT=1`` (the test suite sets it except
+    where a test checks the report); ``rlkit report RUN`` draws it later from the run directory alone."""
+    return os.environ.get("RLKIT_NO_REPORT") != "1"
+
+
+def preload() -> None:
+    """Load matplotlib and its fonts on a background thread, so that the report at the end of a run draws at once.
+
+    Importing matplotlib and rendering the first text take about a second of Python; started before the model
+    loads, that runs while torch computes (it releases the GIL) instead of after the last step. Not a daemon:
+    a run that fails early waits for the warm-up to finish rather than tearing it down mid-import.
+    """
+    if not _preloading:
+        _preloading.append(threading.Thread(target=_warm_up, name="rlkit-report-preload"))
+        _preloading[0].start()
+
+
+def _warm_up() -> None:
+    """Draw one small labelled figure into memory: imports matplotlib, reads the font, fills its caches.
+
+    A failure here is write_report's to raise (train() logs it there), not this thread's.
+    """
+    with contextlib.suppress(Exception):
+        fig, axes = figure(1)
+        axes[0].plot([0, 1], [0, 1], label="warm-up")
+        decorate(axes[0], "value (fraction)", legend=True)
+        fig.suptitle("warm-up")
+        fig.savefig(io.BytesIO(), format="png", dpi=10)
+
+
+def write_report(run_dir: str | Path) -> dict[str, Any]:
+    """Draw the charts into ``RUN/plots/``, write ``RUN/report.md``; return what was written and the table rows."""
+    for thread in _preloading:
+        thread.join()  # a report drawn while the warm-up is still importing matplotlib would only wait for it
+    run_dir = Path(run_dir)
+    if not runs.is_run_dir(run_dir):
+        raise UserError(f"{run_dir}: not a run directory (no {runs.RESOLVED}); pass the --output-dir of an "
+                        "`rlkit train` run")
+    recipe = runs.read_resolved(run_dir) or {}
+    rows = _read_metrics(run_dir / runs.METRICS)
+    if not any(_numbers(row) for row in rows):
+        raise UserError(f"{run_dir}: no metrics yet ({runs.METRICS} is missing or empty); wait for the first "
+                        "logging step or lower trainer.logging_steps")
+    name = str(recipe.get("name") or run_dir.name)
+    label = name if run_dir.name == name else f"{name} ({run_dir.name})"
+    algorithm = str(recipe.get("algorithm", "?"))
+    evals = _read_evals(run_dir / "eval")
+
+    plots_dir = run_dir / PLOTS
+    plots_dir.mkdir(exist_ok=True)
+    charts: list[dict[str, Any]] = []
+    keys: list[str] = []
+    for chart in CHARTS:
+        drawn = chart.draw(label, algorithm, rows, evals, plots_dir / chart.file)
+        if drawn is None:
+            (plots_dir / chart.file).unlink(missing_ok=True)  # a chart of ours from an older report no longer applies
+            continue
+        charts.append({"file": chart.file, "title": chart.title, "caption": chart.caption,
+                       "path": plots_dir / chart.file})
+        keys += [key for key in drawn if key not in keys]
+    table = [_row(key, rows) for key in keys]
+    summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals,
+               "plots": [c["path"] for c in charts], "report": run_dir / REPORT,
+               **_progress(recipe, rows, run_dir)}
+    text = secrets.redact(_markdown(summary, charts))  # a token that found its way into a model path, say
+    atomic_write(run_dir / REPORT, lambda path: path.write_text(text, encoding="utf-8"))
+    return summary
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The logged rows; a half-written last line is being appended by a running trainer and is skipped."""
+    from rlkit.jsonl import read_records
+
+    return read_records(path, torn_tail="drop", missing_ok=True)
+
+
+def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:
+    """The results files ``rlkit eval`` wrote into ``RUN/eval/``, without their examples."""
+    out = []
+    for path in sorted(eval_dir.glob("*.json")) if eval_dir.is_dir() else []:
+        try:
+            result = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: not valid JSON ({e.msg}); rerun `rlkit eval` or remove the file") from None
+        if isinstance(result, dict) and finite_number(result.get("accuracy")) is not None:
+            out.append({"file": path.name, "model": str(result.get("model", path.stem)), "n": result.get("n"),
+                        "metric": str(result.get("metric", "accuracy")), "accuracy": result["accuracy"],
+                        "seconds": result.get("seconds"), "by_question_type": result.get("by_question_type") or {}})
+    return out
+
+
+def _numbers(row: dict[str, Any]) -> list[str]:
+    return [key for key, value in row.items() if key not in ("step", "epoch") and finite_number(value) is not None]
+
+
+def _row(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    _, values = series(rows, key)
+    return {"metric": key, "first": values[0], "last": values[-1], "min": min(values), "max": max(values),
+            "steps": len(values)}
+
+
+def _progress(recipe: dict[str, Any], rows: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
+    trainer = recipe.get("trainer") or {}
+    provenance = recipe.get("provenance") or {}
+    final = next((row for row in reversed(rows) if "train_runtime" in row), {})
+    steps = [s for s in (finite_number(row.get("step")) for row in rows) if s is not None]
+    return {"model": (recipe.get("model") or {}).get("name_or_path"),
+            "backend": provenance.get("backend") or (recipe.get("model") or {}).get("backend"),
+            "smoke": bool(provenance.get("smoke")), "steps": int(max(steps, default=0)),
+            "max_steps": trainer.get("max_steps"), "runtime": finite_number(final.get("train_runtime")),
+            "finished": bool(final), "adapter": (run_dir / "adapter").is_dir(),
+            "trainer": {key: trainer[key] for key in _TRAINER_KEYS if key in trainer}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown and the terminal table
+
+
+def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
+    s = summary
+    max_steps = s["max_steps"] if s["max_steps"] not in (None, -1) else "?"
+    runtime = (f"finished in {s['runtime']:.1f} s" if s["runtime"] is not None
+               else "no final row yet (still training, or stopped early)")
+    kind = "a **smoke** run (shrunk recipe; numbers are not meaningful)" if s["smoke"] else "a full run"
+    lines = [
+        f"# Run report: {s['name']}", "",
+        f"`{s['run']}` is {kind}: **{s['algorithm'].upper()}** on `{s['model']}` with the `{s['backend']}` backend, "
+        f"{s['steps']} / {max_steps} steps, {runtime}. Adapter: {'`adapter/`' if s['adapter'] else 'not saved yet'}.",
+    ]
+    if s["trainer"]:
+        lines += ["", "Trainer: " + ", ".join(f"`{k}={v}`" for k, v in s["trainer"].items()) + "."]
+    lines += ["", "## Metrics", "", "| metric | first | last | min | max | steps logged |", "|---|---|---|---|---|---|"]
+    lines += [f"| `{r['metric']}` | {fmt(r['first'])} | {fmt(r['last'])} | {fmt(r['min'])} | {fmt(r['max'])} "
+              f"| {r['steps']} |" for r in s["rows"]]
+    if s["evals"]:
+        lines += ["", "## Evaluations", "", "| model | n | accuracy | seconds | file |", "|---|---|---|---|---|"]
+        for e in s["evals"]:
+            lines.append(f"| `{e['model']}` | {fmt(e['n'])} | {fmt(e['accuracy'])} | {fmt(e['seconds'])} "
+                         f"| `eval/{e['file']}` |")
+            lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {fmt(row.get('accuracy'))} | | |"
+                      for kind, row in e["by_question_type"].items() if isinstance(row, dict)]
+    lines += ["", "## Charts"]
+    for c in charts:
+        lines += ["", f"### {c['title']}", "", c["caption"], "", f"![{c['title']}]({PLOTS}/{c['file']})"]
+    return "\n".join(lines) + "\n"
+
+
+def render(summary: dict[str, Any], console: Any) -> None:
+    """Print the metrics table (and the evals) of a ``write_report`` summary."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"{summary['name']} ({summary['algorithm']}, {summary['steps']} steps)", title_justify="left")
+    for i, column in enumerate(("metric", "first", "last", "min", "max", "steps logged")):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for r in summary["rows"]:
+        table.add_row(escape(r["metric"]), *(fmt(r[k]) for k in ("first", "last", "min", "max", "steps")))
+    console.print(table)
+    if summary["evals"]:
+        evals = Table(title="evaluations", title_justify="left")
+        for i, column in enumerate(("model", "n", "accuracy")):
+            evals.add_column(column, justify="left" if i == 0 else "right")
+        for e in summary["evals"]:
+            evals.add_row(escape(e["model"]), fmt(e["n"]), fmt(e["accuracy"]))
+        console.print(evals)
