@@ -23,6 +23,7 @@ TASKS = {
     "hh_rlhf": "rlkit.data.hh_rlhf",
     "multihop_rag": "rlkit.data.multihop_rag",
     "qa": "rlkit.data.qa",
+    "calc": "rlkit.data.calc",
 }
 
 
