@@ -45,10 +45,10 @@ def test_other_wording_shares_no_name_thing_or_question_with_the_training_family
 
 def test_recipes_load_and_use_the_calc_task_with_the_calculator():
     for path in (SFT, GRPO):
-        recipe = load_recipe(path, [], validate_trainer=False)
+        recipe = load_recipe(path, [])
         assert get_task(recipe.data.task) is calc and recipe.env.name == "calculator"
-        assert recipe.data.eval == load_recipe(GRPO, [], validate_trainer=False).data.eval  # one held-out split
-    recipe = load_recipe(GRPO, [], validate_trainer=False)
+        assert recipe.data.eval == load_recipe(GRPO, []).data.eval  # one held-out split
+    recipe = load_recipe(GRPO, [])
     rows = task_rows(recipe, "eval", load_rows("calc", recipe.data.eval))
     assert rows[0]["prompt"][0]["content"] == calc.PROMPTS["calculator"] and rows[0]["answer"].isdigit()
     train = set(calc.generate(recipe.data.train.synthetic, seed=recipe.data.train.seed)["question"])
@@ -67,7 +67,7 @@ def test_sft_trajectories_render_with_exact_tool_masks(smollm2_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    recipe = load_recipe(SFT, [], validate_trainer=False)
+    recipe = load_recipe(SFT, [])
     rows = task_rows(recipe, "sft", calc.generate(3, seed=5))
     for row, problem in zip(rows, calc.generate(3, seed=5), strict=True):
         expression, _, total = problem["answer"].splitlines()[0].partition(" = ")
@@ -92,7 +92,7 @@ def test_one_sft_step_changes_the_lora(smollm2_dir, tmp_path):
     from rlkit.train import build_trainer
 
     recipe = load_recipe(SFT, ["data.train.synthetic=2", "trainer.max_steps=1", "trainer.per_device_train_batch_size=2",
-                               "trainer.learning_rate=1e-2", "trainer.save_steps=1"], validate_trainer=False)
+                               "trainer.learning_rate=1e-2", "trainer.save_steps=1"])
     trainer, _ = build_trainer(recipe, tmp_path)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()
