@@ -118,10 +118,15 @@ def test_wandb_offline_reasons(monkeypatch, tmp_path):
     ("[wandbb]", "trainer.report_to: unknown tracker 'wandbb'; use none or some of: "),
     ("[mlflow]", "trainer.report_to: mlflow is not installed; `pip install mlflow`, or drop it from report_to"),
 ])
-def test_trackers_are_checked_when_the_recipe_loads(report_to, message):
+def test_trackers_are_checked_with_the_trainer_block(report_to, message):
+    # `rlkit train`, `recipes validate` and the launcher check the trainer block before any model loads.
+    from rlkit.trainers import check_trainer
+
+    bad = load_recipe(recipes_dir() / "tiny_arith_sft.yaml", [f"trainer.report_to={report_to}"], smoke=True)
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_recipe(recipes_dir() / "tiny_arith_sft.yaml", [f"trainer.report_to={report_to}"], smoke=True)
-    load_recipe(recipes_dir() / "tiny_arith_sft.yaml", ["trainer.report_to=[tensorboard, wandb]"], smoke=True)
+        check_trainer(bad)
+    check_trainer(load_recipe(recipes_dir() / "tiny_arith_sft.yaml", ["trainer.report_to=[tensorboard, wandb]"],
+                              smoke=True))
 
 
 def test_redact_scrub_and_the_log_filter(monkeypatch, caplog):
