@@ -37,7 +37,7 @@ def resolve_target(target: str | Path, overrides: list[str] | None = None,
 
     target = Path(target)
     if runs.is_run_dir(target):
-        # --set applies to the recorded recipe too (e.g. another eval set); it used to be dropped silently.
+        # --set applies to the recorded recipe too (e.g. another eval set).
         resolved = apply_overrides(runs.read_resolved(target), overrides or [])
         resolved.pop("provenance", None)
         return validate(resolved, source=str(target / runs.RESOLVED)), target
