@@ -136,8 +136,6 @@ def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: b
 def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str, smoke: bool, source: str,
          checkpoint: Path | None, resume_command: str) -> Path:
     started = time.time()
-    if is_main_process() and report.wanted():
-        report.preload()
     trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint,
                                        config=config)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)

@@ -13,25 +13,19 @@ secret value (``rlkit.secrets``) that still slipped into its text. Links are rel
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 from rlkit import runs, secrets
 from rlkit.errors import UserError
-from rlkit.report.charts import CHARTS, atomic_write, decorate, figure, finite_number, fmt, series
+from rlkit.report.charts import CHARTS, atomic_write, finite_number, fmt, series
 
 PLOTS = "plots"
 REPORT = "report.md"
 _TRAINER_KEYS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                  "beta", "max_completion_length", "num_train_epochs")
-
-
-_preloading: list[threading.Thread] = []
 
 
 def wanted() -> bool:
@@ -40,35 +34,8 @@ def wanted() -> bool:
     return os.environ.get("RLKIT_NO_REPORT") != "1"
 
 
-def preload() -> None:
-    """Load matplotlib and its fonts on a background thread, so that the report at the end of a run draws at once.
-
-    Importing matplotlib and rendering the first text take about a second of Python; started before the model
-    loads, that runs while torch computes (it releases the GIL) instead of after the last step. Not a daemon:
-    a run that fails early waits for the warm-up to finish rather than tearing it down mid-import.
-    """
-    if not _preloading:
-        _preloading.append(threading.Thread(target=_warm_up, name="rlkit-report-preload"))
-        _preloading[0].start()
-
-
-def _warm_up() -> None:
-    """Draw one small labelled figure into memory: imports matplotlib, reads the font, fills its caches.
-
-    A failure here is write_report's to raise (train() logs it there), not this thread's.
-    """
-    with contextlib.suppress(Exception):
-        fig, axes = figure(1)
-        axes[0].plot([0, 1], [0, 1], label="warm-up")
-        decorate(axes[0], "value (fraction)", legend=True)
-        fig.suptitle("warm-up")
-        fig.savefig(io.BytesIO(), format="png", dpi=10)
-
-
 def write_report(run_dir: str | Path) -> dict[str, Any]:
     """Draw the charts into ``RUN/plots/``, write ``RUN/report.md``; return what was written and the table rows."""
-    for thread in _preloading:
-        thread.join()  # a report drawn while the warm-up is still importing matplotlib would only wait for it
     run_dir = Path(run_dir)
     if not runs.is_run_dir(run_dir):
         raise UserError(f"{run_dir}: not a run directory (no {runs.RESOLVED}); pass the --output-dir of an "
