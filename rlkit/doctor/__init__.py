@@ -20,7 +20,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 VERDICTS = ("ok", "warn", "fail", "skip")
 FAMILIES = ("template", "rewards", "learnability", "memory", "config", "versions")
@@ -82,7 +85,7 @@ class Context:
     they read.
     """
 
-    def __init__(self, recipe: Any, source: str, *, limit: int = 8, smoke: bool = False,
+    def __init__(self, recipe: Recipe, source: str, *, limit: int = 8, smoke: bool = False,
                  before_training: bool = False) -> None:
         self.recipe, self.source, self.limit, self.smoke = recipe, source, limit, smoke
         # Inside `rlkit train`: what rlkit's trainer builders refuse or fix themselves is left to them.
@@ -189,7 +192,7 @@ def _head(ds: Any, n: int) -> Any:
 def run(recipe_path: str | Path, overrides: list[str] | None = None, *, smoke: bool = False,
         families: tuple[str, ...] = FAMILIES, samples: int | None = None, limit: int = 8,
         gpu: str | None = None, endpoint: str | None = None, api_key: str | None = None,
-        write_filtered: str | Path | None = None, recipe: Any = None, before_training: bool = False) -> Report:
+        write_filtered: str | Path | None = None, recipe: Recipe = None, before_training: bool = False) -> Report:
     """Run the check ``families`` on a recipe and return the report (nothing is written here).
 
     ``before_training``: called by ``rlkit train``, where data or model files that cannot be read stay

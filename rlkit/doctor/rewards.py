@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.doctor import Check, Context
 from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 F = "rewards"
 BUDGET_S = 1.0  # per reward, per batch of probes; TRL calls rewards once per generation batch
@@ -144,7 +147,7 @@ def checks(ctx: Context) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
     return out, {"reward card": table}
 
 
-def gold_totals(recipe: Any, rows: Any) -> list[float]:
+def gold_totals(recipe: Recipe, rows: Any) -> list[float]:
     """Per row, the weighted total of the best-scoring gold form (what a right answer earns)."""
     from rlkit.rewards import RewardSet
 
@@ -160,7 +163,7 @@ def gold_totals(recipe: Any, rows: Any) -> list[float]:
     return best
 
 
-def _thinking(recipe: Any) -> bool:
+def _thinking(recipe: Recipe) -> bool:
     return bool(recipe.model.chat_template_kwargs.get("enable_thinking")) or any(
         r.name in ("think_format", "short_think") for r in recipe.rewards)
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import UserError
 from rlkit.retrieval.corpus import byline
+
+if TYPE_CHECKING:
+    from rlkit.recipe.schema import Recipe
 
 
 class RetrievalEnv:
@@ -90,7 +93,7 @@ def format_passage(number: int, passage: Any) -> str:
     return f"{header}\n{passage.text.strip()}"
 
 
-def factory_kwargs(recipe: Any) -> dict[str, Any]:
+def factory_kwargs(recipe: Recipe) -> dict[str, Any]:
     """The shared retriever for `RetrievalEnv`, from `recipe.retrieval` (built once, then cached on disk)."""
     if recipe.retrieval is None:
         raise UserError("env retrieval needs a `retrieval:` section (`corpus:` a file or Hub id, or `synthetic:` "

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlkit import compat
 from rlkit.compat import ppo_reward_model_base
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
 
 log = logging.getLogger("rlkit")
 HEAD = "causal"
@@ -36,13 +39,13 @@ def config_class() -> type:
     return compat.ppo_config_class()
 
 
-def dataset(recipe: Any):
+def dataset(recipe: Recipe):
     from rlkit.data import load_prompt_rows
 
     return load_prompt_rows(recipe, recipe.data.train)
 
 
-def rlkit_fields(recipe: Any) -> dict[str, Any]:
+def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
     if recipe.init_from:
         return {"model_adapter_name": "default", "ref_adapter_name": "ref"}
     return {}
@@ -61,7 +64,7 @@ def check_config(args: Any, source: str) -> None:
                         f"{local_batch // args.num_mini_batches}; raise the batch or lower num_mini_batches")
 
 
-def build(recipe: Any, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
+def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds: Any, args: Any,
           callbacks: list):
     from rlkit.compat import ppo_trainer_class
     from rlkit.trainers.reward import load_score_model
@@ -102,7 +105,7 @@ def tokenize_prompts(rows: Any, tokenizer: Any, chat_template_kwargs: dict[str, 
     return rows.map(encode, remove_columns=rows.column_names)
 
 
-def _eval_prompts(recipe: Any, tokenizer: Any, kwargs: dict[str, Any]):
+def _eval_prompts(recipe: Recipe, tokenizer: Any, kwargs: dict[str, Any]):
     if recipe.data.eval is None:
         return None
     from rlkit.data import load_prompt_rows
@@ -115,7 +118,7 @@ def _eval_prompts(recipe: Any, tokenizer: Any, kwargs: dict[str, Any]):
 
 
 
-def _value_model(recipe: Any, tokenizer: Any):
+def _value_model(recipe: Recipe, tokenizer: Any):
     from rlkit.backends import hf
 
     if recipe.value_model:
@@ -140,7 +143,7 @@ class RuleRewardModel(ppo_reward_model_base()):
     ``answer``) and the response, and scores the response with the recipe's weighted rewards.
     """
 
-    def __init__(self, recipe: Any, tokenizer: Any, rows: Any, prompts: Any) -> None:
+    def __init__(self, recipe: Recipe, tokenizer: Any, rows: Any, prompts: Any) -> None:
         from rlkit.rewards import RewardSet
 
         super().__init__()
