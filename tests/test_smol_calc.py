@@ -84,6 +84,37 @@ def test_sft_trajectories_render_with_exact_tool_masks(smollm2_dir):
         assert learned == turn("215 * 36", "7740") + turn("1348 + 2596", "3944") + turn(expression, total)
 
 
+def test_grpo_completion_budget_holds_a_whole_solved_episode(smollm2_dir):
+    """TRL's tool loop counts the tool result and the next assistant header against
+    `max_completion_length` and cuts the answer at it, so the budget must hold the call, the result and
+    `#### N<|im_end|>` of every training problem (at 64 tokens no episode could reach its answer: the
+    correctness reward was 0 for every sample and GRPO unlearned the SFT warm-up)."""
+    from transformers import AutoTokenizer
+
+    from rlkit.envs import class_tool_schemas
+    from rlkit.envs.calculator import CalculatorEnv
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    recipe = load_recipe(GRPO, [])
+    tools = class_tool_schemas(CalculatorEnv)
+    problems = calc.generate(300, seed=recipe.data.train.seed)
+    prompt_lengths, episode_lengths = [], []
+    for row, problem in zip(task_rows(recipe, "grpo", problems), problems, strict=True):
+        expression, _, total = problem["answer"].splitlines()[0].partition(" = ")
+        episode = calc.worked_turns(problem["question"], expression, total)[1:]
+        prompt = tok.apply_chat_template(row["prompt"], tools=tools, add_generation_prompt=True, tokenize=True,
+                                         return_dict=False)
+        whole = tok.apply_chat_template(row["prompt"] + episode, tools=tools, tokenize=True, return_dict=False)
+        assert whole[:len(prompt)] == prompt
+        completion = whole[len(prompt):]
+        ends = [i for i, t in enumerate(completion) if t == tok.eos_token_id]
+        prompt_lengths.append(len(prompt))
+        episode_lengths.append(ends[-1] + 1)
+    budget = recipe.trainer["max_completion_length"]
+    assert max(episode_lengths) <= budget, f"a solved episode takes up to {max(episode_lengths)} tokens"
+    assert max(prompt_lengths) + budget <= recipe.model.max_seq_length  # no prompt dropped for room
+
+
 @pytest.mark.slow  # one real SFT step of a 135M model on CPU
 @pytest.mark.timeout(300)
 def test_one_sft_step_changes_the_lora(smollm2_dir, tmp_path):
