@@ -71,7 +71,7 @@ sft-then-rl: install
 	$(BIN)/rlkit train recipes/gsm8k_sft.yaml $(SMOKE_FLAG) --overwrite
 	$(BIN)/rlkit train recipes/gsm8k_grpo.yaml $(SMOKE_FLAG) --overwrite --set init_from=$(SFT_RUN)
 
-# CPU benchmarks (offline, ~5 min on 2 cores): JSON + Markdown in bench/results/, summary in bench/results/README.md.
+# CPU benchmarks (offline; overhead alone ~7 min and generation ~10 min on 2 cores): JSON + Markdown in bench/results/, summary in bench/results/README.md.
 # `make bench BENCH=retrieval` runs one; `python bench/gpu.py` measures GRPO on a CUDA machine.
 bench: install
 	$(OFFLINE) $(BIN)/python bench/run.py $(BENCH)
