@@ -38,3 +38,15 @@ def script_calculator(trainer, tok, golds: dict[str, str], tool_turn: str) -> li
     trainer._generate_single_turn = scripted
     trainer._generate_and_score_completions = capture
     return batches
+
+
+def episodes_by_mask(tok, batches: list[dict]) -> list[tuple[str, str, str]]:
+    """Each captured completion as ``(what the model wrote, what the tool mask hid, the tool's result)``:
+    the text under ``tool_mask`` and the text the mask removes from the loss, decoded apart."""
+    out = []
+    for batch in batches:
+        for ids, mask, tool in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"], strict=True):
+            keep = mask.bool()
+            model_text, tool_text = tok.decode(ids[keep & tool.bool()]), tok.decode(ids[keep & ~tool.bool()])
+            out.append((model_text, tool_text, tool_text.partition("<tool_response>\n")[2].partition("\n</tool_response>")[0]))
+    return out

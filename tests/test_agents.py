@@ -8,7 +8,7 @@ import torch
 
 from rlkit.data import gsm8k
 from rlkit.recipe import load_recipe, recipes_dir
-from tests.helpers import script_calculator
+from tests.helpers import episodes_by_mask, script_calculator
 from tests.scripted_server import ScriptedServer
 
 CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
@@ -30,18 +30,13 @@ def test_grpo_with_calculator_masks_exactly_the_tool_result_and_rewards_reach_th
     trainer.train()
 
     assert len(batches) == 2
-    for batch in batches:
-        for ids, mask, tool in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"], strict=True):
-            keep = mask.bool()
-            model_text = tok.decode(ids[keep & tool.bool()])
-            tool_text = tok.decode(ids[keep & ~tool.bool()])
-            result = tool_text.partition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
-            assert model_text.startswith('<tool_call>\n{"name": "calculate"')
-            assert model_text.endswith(f"#### {int(result) + 0}<|im_end|>") or model_text.endswith(
-                f"#### {int(result) + 1}<|im_end|>")
-            # Masked: exactly the tool result block and the template glue around it, nothing the model wrote.
-            assert tool_text == (f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
-                                 "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    for model_text, tool_text, result in episodes_by_mask(tok, batches):
+        assert model_text.startswith('<tool_call>\n{"name": "calculate"')
+        assert model_text.endswith(f"#### {int(result) + 0}<|im_end|>") or model_text.endswith(
+            f"#### {int(result) + 1}<|im_end|>")
+        # Masked: exactly the tool result block and the template glue around it, nothing the model wrote.
+        assert tool_text == (f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
+                             "<|im_start|>assistant\n<think>\n\n</think>\n\n")
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in rows if "reward" in r]
     assert len(logged) == 2

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlkit.recipe import load_recipe, recipes_dir
-from tests.helpers import script_calculator
+from tests.helpers import episodes_by_mask, script_calculator
 
 CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
 TOOLS = [{"type": "function", "function": {
@@ -142,17 +142,13 @@ def test_grpo_with_the_calculator_masks_exactly_the_tool_text_and_trains_the_lor
     trainer.train()
 
     assert len(batches) == 2
-    for batch in batches:
-        for ids, mask, tool in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"], strict=True):
-            keep = mask.bool()
-            model_text, tool_text = tok.decode(ids[keep & tool.bool()]), tok.decode(ids[keep & ~tool.bool()])
-            result = tool_text.partition("<tool_response>\n")[2].partition("\n</tool_response>")[0]
-            assert model_text.startswith('<tool_call>\n{"name": "calculate", "arguments": {"expression": ')
-            assert model_text.endswith((f"</tool_call><|im_end|>#### {int(result)}<|im_end|>",
-                                        f"</tool_call><|im_end|>#### {int(result) + 1}<|im_end|>"))
-            # Masked: the tool turn and the next assistant header, nothing the model wrote.
-            assert tool_text == f"\n<|im_start|>tool\n<tool_response>\n{result}\n</tool_response><|im_end|>\n" \
-                                "<|im_start|>assistant\n"
+    for model_text, tool_text, result in episodes_by_mask(tok, batches):
+        assert model_text.startswith('<tool_call>\n{"name": "calculate", "arguments": {"expression": ')
+        assert model_text.endswith((f"</tool_call><|im_end|>#### {int(result)}<|im_end|>",
+                                    f"</tool_call><|im_end|>#### {int(result) + 1}<|im_end|>"))
+        # Masked: the tool turn and the next assistant header, nothing the model wrote.
+        assert tool_text == f"\n<|im_start|>tool\n<tool_response>\n{result}\n</tool_response><|im_end|>\n" \
+                            "<|im_start|>assistant\n"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in rows if "reward" in r]
     assert [r["rewards/gsm8k_correct/mean"] for r in logged] == [pytest.approx(0.5)] * 2
