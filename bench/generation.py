@@ -6,12 +6,15 @@ system prompt, `max_new_tokens` 64) at batch 8 and 32:
 - plain: the checkpoint as `from_pretrained` loads it (fp32), prompts in file order, `model.generate`;
 - rlkit: `rlkit.inference.generate.generate` on the model `rlkit.inference.load.load_for_generation`
   returns (what `rlkit eval`, `rlkit rollout`, `rlkit chat` and `rlkit pairs` run): bf16 on a CPU with
-  native bf16, prompts batched by length (see `rlkit/inference/fastgen.py`).
+  native bf16, eager attention and a static KV cache, prompts batched by length (see
+  `rlkit/inference/fastgen.py`).
 
 Tokens/s counts completion tokens (the decoded completion re-tokenized, the same way for both).
 The two take turns, `REPEAT` times, and each figure is the median, so a change in the machine's load
 falls on both. Target: rlkit >= 2x plain at batch 32. Agreement: the share of prompts whose extracted
-final answer (and whose whole completion) is the same in both.
+final answer (and whose whole completion) is the same in both; and, on `make demo`'s held-out set
+(recipes/smol_arith_grpo.yaml, scored by the task's own rule), the accuracy of each, which may differ by
+at most `TOLERANCE`.
 
     .venv/bin/python bench/generation.py
 """
@@ -28,6 +31,7 @@ MAX_NEW_TOKENS = 64
 BATCHES = (8, 32)
 REPEAT = 2
 TARGET = 2.0
+TOLERANCE = 0.03  # |rlkit - plain fp32| accuracy on the demo's held-out set
 SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
@@ -47,7 +51,7 @@ def count_tokens(tokenizer, texts: list[str]) -> int:
     return sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
 
 
-def plain(model, tokenizer, chats, batch_size):
+def plain(model, tokenizer, chats, batch_size, max_new_tokens=MAX_NEW_TOKENS):
     """What a user writes by hand: fp32 model, file order, `model.generate`."""
     import torch
 
@@ -57,10 +61,28 @@ def plain(model, tokenizer, chats, batch_size):
     with torch.inference_mode():
         for i in range(0, len(texts), batch_size):
             batch = tokenizer(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-            gen = model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+            gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)[:, batch["input_ids"].shape[1]:]
             out += tokenizer.batch_decode(gen, skip_special_tokens=True)
     return out, count_tokens(tokenizer, out)
+
+
+def held_out_accuracy(fast_model, tokenizer, plain_model, plain_tok) -> dict:
+    """Greedy accuracy of both paths on `make demo`'s held-out set, at batch 32, scored by the task."""
+    from rlkit.data import get_task, load_rows, task_rows
+    from rlkit.inference.generate import generate
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    recipe = load_recipe(recipes_dir() / "smol_arith_grpo.yaml")
+    rows = task_rows(recipe, "eval", load_rows(recipe.data.task, recipe.data.eval))
+    chats, task, n = list(rows["prompt"]), get_task(recipe.data.task), recipe.eval.max_new_tokens
+    fast = generate(fast_model, tokenizer, chats, recipe.model.chat_template_kwargs, max_new_tokens=n,
+                    batch_size=32, show_progress=False)
+    plain_texts, _ = plain(plain_model, plain_tok, chats, 32, max_new_tokens=n)
+    return {"n": len(rows), "max_new_tokens": n,
+            "plain": sum(map(bool, task.score(plain_texts, rows))) / len(rows),
+            "rlkit": sum(map(bool, task.score(fast, rows))) / len(rows),
+            "same_completion": sum(a == b for a, b in zip(plain_texts, fast, strict=True)) / len(rows)}
 
 
 def main() -> None:
@@ -112,6 +134,7 @@ def main() -> None:
             "same_text": sum(a == b for a, b in zip(p_texts, f_texts, strict=True)) / len(chats),
         }
     r = results[32]
+    accuracy = held_out_accuracy(fast_model, tokenizer, plain_model, plain_tok)
     rows = [[b, x["plain_tps"], x["rlkit_tps"], x["speedup"], x["same_answer"], x["same_text"]]
             for b, x in results.items()]
     figures = [
@@ -119,17 +142,25 @@ def main() -> None:
         figure("plain fp32 generate at batch 32", r["plain_tps"], "tokens/s", digits=0),
         figure("rlkit generate at batch 32", r["rlkit_tps"], "tokens/s", digits=0),
         figure("rlkit / plain at batch 8", results[8]["speedup"], "x", digits=2),
-        figure("same final answer as fp32 (batch 32)", r["same_answer"], "share", digits=2),
+        figure("same final answer as fp32 (GSM8K prompts, batch 32)", r["same_answer"], "share", digits=2),
+        figure("held-out accuracy, rlkit - plain fp32 (|difference|)", abs(accuracy["rlkit"] - accuracy["plain"]),
+               "", at_most=TOLERANCE, digits=2,
+               note=f"plain {accuracy['plain']:.2f}, rlkit {accuracy['rlkit']:.2f} on {accuracy['n']} problems"),
         figure("first-time build of the model", build_seconds, "s", digits=0,
                note="0 when the cached build was already there"),
     ]
     write("generation", "CPU generation: plain fp32 generate vs rlkit's path (SmolLM2-135M-Instruct)", figures,
           [table(f"{where}, greedy, max_new_tokens {MAX_NEW_TOKENS}, median of {REPEAT} alternating runs",
                  ["batch", "plain fp32 tokens/s", "rlkit tokens/s", "speedup", "same final answer",
-                  "same completion text"], rows)],
+                  "same completion text"], rows),
+           table(f"`make demo`'s held-out set ({accuracy['n']} problems, recipes/smol_arith_grpo.yaml), greedy, "
+                 f"max_new_tokens {accuracy['max_new_tokens']}, batch 32, scored by the task's rule",
+                 ["path", "accuracy"], [["plain fp32 generate", accuracy["plain"]], ["rlkit", accuracy["rlkit"]],
+                                        ["same completion text", accuracy["same_completion"]]])],
           what="Generated tokens per second of plain fp32 `model.generate` and of rlkit's generation path "
                "(`rlkit.inference.generate.generate` on the model `load_for_generation` prepares) on the same prompts.",
-          details={"batches": results, "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads()},
+          details={"batches": results, "held_out": accuracy, "native_bf16": cpu_has_native_bf16(),
+                   "threads": torch.get_num_threads()},
           notes=["The two runs alternate on the same machine; on a shared machine their ratio is more trustworthy "
                  "than either absolute figure.",
                  "bf16 rounds every weight and activation, so greedy decoding can take another path where the "

@@ -36,4 +36,4 @@ def load_for_generation(recipe: Recipe, run_dir: Path | None, model: str | None)
 
     ref = model_ref(recipe, run_dir, model)
     lm, tokenizer = load(ref)
-    return for_generation(lm, recipe.model.dtype), tokenizer, ref.label
+    return for_generation(lm, recipe.model.dtype, recipe.model.attn_implementation), tokenizer, ref.label
