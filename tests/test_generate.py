@@ -28,3 +28,60 @@ def test_batches_written_as_they_end_line_up_with_their_prompts():
     assert sum(a == b for a, b in zip(alone, returned, strict=True)) >= 4
     # a resumed eval whose examples are all written has nothing left to generate
     assert generate(model, tok, [], {}, on_batch=on_batch, **kwargs) == []
+
+
+def _tiny():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model_path()
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def test_a_shared_prefix_runs_once_and_changes_no_token(smollm2_dir, monkeypatch):
+    """Prompts that share a long prefix (system prompt, worked turns) get exactly the tokens the plain
+    left-padded batch gives (SmolLM2, fp32), with the prefix run once: the model sees it at batch size 1."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.inference import generate as gen
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    system = {"role": "system", "content": "You are a careful math tutor. Answer with the number only. "
+                                           "Examples: 2 + 2 = 4. 10 - 3 = 7. 6 * 7 = 42. 9 / 3 = 3. 15 + 5 = 20."}
+    questions = ["What is 12 + 30?", "Tom has 3 apples and buys 4 more. How many apples does he have now?",
+                 "7 * 8?", "A shop sells 15 pens on Monday and 9 on Tuesday. How many pens in all?"]
+    prompts = gen.tokenize(tok, gen.render(tok, [[system, {"role": "user", "content": q}] for q in questions], {}))
+    n = gen.shared_prefix(prompts)
+    assert n >= gen.SHARED_PREFIX_MIN and gen.shared_prefix([[1, 2], [1, 2]]) == 1
+    kwargs = dict(max_new_tokens=12, batch_size=4)
+
+    shapes = []
+    forward = model.forward
+
+    def counted(*args, **kw):
+        shapes.append(tuple(kw["input_ids"].shape))
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", counted)
+    shared = gen.generate_ids(model, tok, prompts, **kwargs)
+    longest = max(map(len, prompts))
+    assert shapes[:2] == [(1, n), (4, longest - n)]  # the prefix once, then only the tails
+    monkeypatch.setattr(gen, "SHARED_PREFIX_MIN", 10_000)
+    shapes.clear()
+    plain = gen.generate_ids(model, tok, prompts, **kwargs)
+    assert shapes[0] == (4, longest)
+    assert [g.ids for g in shared] == [g.ids for g in plain]
+    assert [g.prompt_ids for g in shared] == prompts
+
+
+def test_a_shared_prefix_with_several_samples_per_prompt_keeps_them_in_prompt_order():
+    from rlkit.inference import generate as gen
+
+    model, tok = _tiny()
+    prefix = list(range(20, 100))
+    prompts = [prefix + [5, 6], prefix + [7], prefix + [8, 9, 10]]
+    out = gen.generate_ids(model, tok, prompts, max_new_tokens=5, batch_size=3, temperature=1.0,
+                           num_return_sequences=2)
+    assert [g.prompt_ids for g in out] == [p for p in prompts for _ in range(2)]
+    assert all(len(g.ids) == 5 for g in out)

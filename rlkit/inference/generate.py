@@ -2,16 +2,26 @@
 
 Prompts are token ids (the caller renders chat prompts with :func:`render` and :func:`tokenize`), batched
 with left padding; greedy, or plain sampling at a temperature.
+
+When a batch's prompts share a long token prefix (a system prompt, tool schemas, worked turns: 497 of the
+~530 tokens of the calculator agent's prompts), the prefix is run once and its KV cache copied to every row;
+each prompt's own tail is padded in the middle (``[prefix][pad...][tail]``, masked, positions from the
+mask), so nothing else changes: in fp32 the tokens are identical to the plain batch. Measured on 50 of those
+prompts, 48 new tokens, bf16, 2 cores: 45 s -> 15 s.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rlkit.inference.fastgen import length_order
+
+# Below this many shared tokens the saved prefill does not pay for giving up the static cache.
+SHARED_PREFIX_MIN = 64
 
 
 @dataclass
@@ -66,12 +76,16 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
     with progress.bar(description, len(prompts), show=show_progress) as advance, torch.inference_mode():
         for start in range(0, len(prompts), batch_size):
             chosen = [prompts[i] for i in order[start:start + batch_size]]
-            batch = tokenizer.pad({"input_ids": chosen}, return_tensors="pt").to(device)
             started = time.time()
-            out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 **sampling_kwargs(temperature, k))
+            shared = shared_prefix(chosen)
+            if shared >= SHARED_PREFIX_MIN and len(chosen) * k > 1:
+                out, width = _generate_shared(model, tokenizer, chosen, shared, max_new_tokens, temperature, k)
+            else:
+                batch = tokenizer.pad({"input_ids": chosen}, return_tensors="pt").to(device)
+                out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                     **sampling_kwargs(temperature, k))
+                width = batch["input_ids"].shape[1]
             seconds = (time.time() - started) / len(chosen)
-            width = batch["input_ids"].shape[1]
             generations = [Generation(chosen[j // k], row[width:], seconds) for j, row in enumerate(out.tolist())]
             done.extend(generations)
             if on_batch is not None:
@@ -79,6 +93,38 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
             advance(len(chosen))
     position = {i: pos for pos, i in enumerate(order)}
     return [done[position[j // k] * k + j % k] for j in range(len(done))]
+
+
+def shared_prefix(prompts: Sequence[list[int]]) -> int:
+    """How many leading tokens all ``prompts`` share; each keeps at least one token of its own."""
+    return min(len(os.path.commonprefix(list(prompts))), min(len(p) for p in prompts) - 1)
+
+
+def _generate_shared(model: Any, tokenizer: Any, prompts: list[list[int]], shared: int, max_new_tokens: int,
+                     temperature: float | None, k: int) -> tuple[Any, int]:
+    """``generate`` for prompts whose first ``shared`` tokens are the same: that prefix runs once, its cache
+    is copied to every row, and the tails are padded between prefix and tail. Returns (sequences, width of
+    the padded prompts); rows are prompt by prompt, ``k`` per prompt, like ``num_return_sequences``."""
+    import torch
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    tails = [p[shared:] for p in prompts for _ in range(k)]
+    width = max(map(len, tails))
+    pad = tokenizer.pad_token_id
+    prefix = prompts[0][:shared]
+    ids = torch.tensor([prefix + [pad] * (width - len(t)) + t for t in tails], device=device)
+    mask = torch.tensor([[1] * shared + [0] * (width - len(t)) + [1] * len(t) for t in tails], device=device)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(len(tails))
+    # A cache object and a cache_implementation (fastgen's static cache) cannot both be given to generate.
+    # Positions count real tokens only, so a tail continues right after the prefix whatever its padding.
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model.generate(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         cache_implementation=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                         **sampling_kwargs(temperature, 1))
+    return out, shared + width
 
 
 def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwargs: dict[str, Any], *,
