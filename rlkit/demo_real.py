@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,33 @@ def format_share(results: dict[str, Any]) -> float:
     return sum(s == 1.0 for s in scores) / len(scores)
 
 
+class Stages:
+    """Times each stage of a demo and prints it with the 1-minute load average before and after: on a shared
+    machine the times say as much about the neighbours as about rlkit."""
+
+    def __init__(self, console: Any) -> None:
+        self.console, self.rows = console, []
+
+    def run(self, name: str, work: Callable[[], Any]) -> Any:
+        load_before, t = os.getloadavg()[0], time.time()
+        value = work()
+        self.rows.append({"stage": name, "seconds": round(time.time() - t, 1),
+                          "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)})
+        self.console.print(f"[dim]{name}: {self.rows[-1]['seconds']:.0f}s (1-min load average "
+                           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)[/]")
+        return value
+
+    def table(self) -> Any:
+        from rich.table import Table
+
+        times = Table(title="time per stage")
+        for col in ("stage", "seconds", "1-min load before", "after"):
+            times.add_column(col, justify="left" if col == "stage" else "right")
+        for s in self.rows:
+            times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}")
+        return times
+
+
 def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None) -> dict:
     from rich.console import Console
     from rich.table import Table
@@ -87,17 +115,9 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     elif gsm8k_test is not None:
         console.print(f"[yellow]{gsm8k_test} not found: the GSM8K row is skipped[/]")
     sets = eval_sets(gsm8k_file)
-    stages: list[dict[str, Any]] = []
+    stages = Stages(console)
+    timed = stages.run
     started = time.time()
-
-    def timed(name: str, work):
-        load_before, t = os.getloadavg()[0], time.time()
-        value = work()
-        stages.append({"stage": name, "seconds": round(time.time() - t, 1),
-                       "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)})
-        console.print(f"[dim]{name}: {stages[-1]['seconds']:.0f}s (1-min load average "
-                      f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)[/]")
-        return value
 
     def evaluate_all(tag: str, model: str | None, where: Path) -> list[dict[str, Any]]:
         out = []
@@ -132,14 +152,9 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
         table.add_row(r["set"], str(r["n"]), f"{r['base']:.3f}", f"{r['grpo']:.3f}", f"{r['grpo'] - r['base']:+.3f}",
                       f"{r['base_format']:.2f} -> {r['grpo_format']:.2f}")
     console.print(table)
-    times = Table(title="time per stage")
-    for col in ("stage", "seconds", "1-min load before", "after"):
-        times.add_column(col, justify="left" if col == "stage" else "right")
-    for s in stages:
-        times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}")
-    console.print(times)
+    console.print(stages.table())
     total = time.time() - started
     console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the run, evals and predictions are in {output_dir}/")
-    summary = {"rows": rows, "stages": stages, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
+    summary = {"rows": rows, "stages": stages.rows, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
     (output_dir / "demo.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -99,3 +99,13 @@ def test_an_explicit_fp32_is_kept_and_the_adapter_is_folded_in(smollm2_dir, tok)
 def test_auto_dtype_becomes_bf16_where_the_cpu_has_it(smollm2_dir):
     model = for_generation(_model(smollm2_dir, torch.float32), "auto")
     assert model.dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
+
+
+def test_a_lora_is_never_folded_into_bf16_weights(smollm2_dir):
+    """bf16's rounding step is larger than most of a short run's LoRA update: merged, the model would forget
+    it. The adapter stays beside the bf16 weights, as it was trained, and still gets the bf16 speed-ups."""
+    peft = _model(smollm2_dir, torch.bfloat16, lora=True)
+    model = for_generation(peft, "bfloat16")
+    assert hasattr(model, "peft_config") and model.config._attn_implementation == "eager"
+    if cpu_has_native_bf16():  # auto: converted to bf16, so not merged either
+        assert hasattr(for_generation(_model(smollm2_dir, torch.float32, lora=True), "auto"), "peft_config")

@@ -130,3 +130,25 @@ def test_one_sft_step_changes_the_lora(smollm2_dir, tmp_path):
     after = dict(trainer.model.named_parameters())
     assert before and any(not torch.equal(before[n], after[n].detach()) for n in before)
     assert trainer.state.log_history[0]["loss"] > 0
+
+
+@pytest.mark.report
+def test_calc_demo_runs_every_stage_and_reports_the_three_models_side_by_side(tmp_path):
+    """`make demo-calc`'s wiring, on the tiny model with one SFT and one GRPO step (the numbers are the demo's job)."""
+    from rlkit.demo_calc import run_calc_demo
+
+    tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
+            "data.train.synthetic=8", "trainer.max_steps=1", "trainer.save_steps=1", "model.max_seq_length=1024",
+            "trainer.per_device_train_batch_size=4", "eval.max_new_tokens=8"]
+    summary = run_calc_demo(tmp_path / "demo", tiny, ["trainer.num_generations=2", "trainer.max_completion_length=16"])
+    assert [r["n"] for r in summary["rows"]] == [3, 3]
+    for r in summary["rows"]:
+        assert all(0 <= r[k] <= 1 for k in ("base", "sft", "grpo", "base_tool", "sft_tool", "grpo_tool"))
+    assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
+                                                       "SFT eval", "GRPO training", "GRPO eval"]
+    run = tmp_path / "demo" / "grpo"
+    assert f"init_from: {tmp_path / 'demo' / 'sft'}" in (run / "recipe.resolved.yaml").read_text()  # GRPO continued SFT
+    assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
+        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in ("heldout", "newwording"))
+    assert "sft-newwording.json" in (run / "report.md").read_text()
+    assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from rlkit.cli.catalogue import index_app, recipes_app
+from rlkit.cli.demo import demo
 from rlkit.cli.options import SetOpt, SmokeOpt, console
 from rlkit.errors import Interrupted, UserError
 
@@ -22,6 +23,7 @@ app = typer.Typer(help="Post-train language models with SFT, DPO, reward models,
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(index_app, name="index")
+app.command()(demo)
 
 
 @app.command()
@@ -260,25 +262,6 @@ def pairs(
 
     print_summary(build_pairs(recipe, model, out, samples=samples, min_gap=min_gap, limit=limit, smoke=smoke,
                               overrides=set_ or [], overwrite=overwrite, resume=resume))
-
-
-@app.command()
-def demo(
-    output_dir: Path = typer.Option(Path("runs/demo"), "--output-dir", help="Where the demo's runs go."),
-    tiny: bool = typer.Option(False, "--tiny", help="The old demo: a random-initialised tiny Qwen3, SFT then GRPO."),
-    gsm8k_test: Path = typer.Option(Path("../shared/data/gsm8k/test.jsonl"), "--gsm8k-test",
-                                    help="GSM8K test JSONL for the easiest-items row (skipped when absent)."),
-    set_: list[str] = SetOpt,
-) -> None:
-    """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again."""
-    if tiny:
-        from rlkit.demo import run_demo as run_tiny_demo
-
-        run_tiny_demo(output_dir)
-        return
-    from rlkit.demo_real import run_demo
-
-    run_demo(output_dir, gsm8k_test, set_ or [])
 
 
 def _setup_logging() -> None:

@@ -5,14 +5,17 @@ README's Performance section and bench/generation.py):
 
 - bf16 weights where the CPU has native bf16 (AVX512-BF16 / AMX: oneDNN's bf16 GEMMs), for
   ``model.dtype: auto``; elsewhere bf16 is emulated and slower, so the model stays as loaded;
-- a LoRA adapter merged into an unquantized base (PEFT's ``merge_and_unload``), whatever the dtype: each
-  adapted linear is one GEMM again instead of three GEMMs and an add;
+- a LoRA adapter merged into an unquantized fp32 base (PEFT's ``merge_and_unload``): each adapted linear is
+  one GEMM again instead of three GEMMs and an add. Never into bf16 weights: their rounding step is larger
+  than most of a short run's update, so the merged model forgets what it learned (``make demo``'s GRPO
+  adapter: 0.55 held-out unmerged, 0.51 merged into bf16, base 0.44). In bf16 the adapter stays beside the
+  weights, as it was trained;
 - in bf16, eager attention (unless the recipe names ``model.attn_implementation``) and with it a static KV
   cache: torch's CPU SDPA kernel takes half of a bf16 decoding step at batch 32, and the eager
-  softmax(QK^T)V plus a preallocated cache cut the step to about half. Measured at batch 32, 64 new tokens, on 2 idle cores:
-  plain fp32 127 tokens/s, bf16 SDPA 200, bf16 eager 287, bf16 eager + static cache 352; a compiled
-  decoding step added nothing on top (and cost 30 s of compilation). In fp32 neither helps, so they are
-  bf16-only;
+  softmax(QK^T)V plus a preallocated cache cut the step to about half. Measured at batch 32, 64 new
+  tokens, on 2 idle cores: plain fp32 127 tokens/s, bf16 SDPA 200, bf16 eager 287, bf16 eager + static
+  cache 352; a compiled decoding step added nothing on top (and cost 30 s of compilation). In fp32 neither
+  helps, so they are bf16-only;
 - prompts batched by length (``length_order``), so a batch pads to similar lengths.
 
 Training is not touched here: a CPU recipe asks for the same two settings for TRL's own generation inside
@@ -48,9 +51,10 @@ def for_generation(model: Any, dtype_setting: str = "auto", attn_setting: str | 
         getattr(getattr(model, "base_model", None), "model", None) is not None
         and getattr(model.base_model.model, "is_loaded_in_4bit", False))
     if device.type == "cpu" and not quantized:
-        if hasattr(model, "merge_and_unload"):  # a PeftModel for inference: fold the LoRA into the weights
-            model = model.merge_and_unload()
-        if dtype_setting == "auto" and cpu_has_native_bf16() and model.dtype == torch.float32:
+        to_bf16 = dtype_setting == "auto" and cpu_has_native_bf16() and model.dtype == torch.float32
+        if hasattr(model, "merge_and_unload") and model.dtype == torch.float32 and not to_bf16:
+            model = model.merge_and_unload()  # a PeftModel for inference: fold the LoRA into fp32 weights
+        if to_bf16:
             model = model.to(torch.bfloat16)
         if model.dtype == torch.bfloat16:
             if attn_setting is None:

@@ -1,0 +1,35 @@
+"""``rlkit demo``: the offline demos. SmolLM2-135M-Instruct with GRPO (the default), the calculator agent
+(``--calc``) and the random-initialised tiny model (``--tiny``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rlkit.cli.options import SetOpt
+
+
+def demo(
+    output_dir: Path = typer.Option(None, "--output-dir", help="Where the demo's runs go (default runs/demo, "
+                                                              "runs/demo-calc or runs/demo-tiny)."),
+    tiny: bool = typer.Option(False, "--tiny", help="The old demo: a random-initialised tiny Qwen3, SFT then GRPO."),
+    calc: bool = typer.Option(False, "--calc", help="The calculator agent on SmolLM2: base -> SFT warm-up -> GRPO "
+                                                    "with the tool, each evaluated (~20 min on 2 cores)."),
+    gsm8k_test: Path = typer.Option(Path("../shared/data/gsm8k/test.jsonl"), "--gsm8k-test",
+                                    help="GSM8K test JSONL for the easiest-items row (skipped when absent)."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again."""
+    if tiny:
+        from rlkit.demo import run_demo as run_tiny_demo
+
+        run_tiny_demo(output_dir or Path("runs/demo-tiny"))
+    elif calc:
+        from rlkit.demo_calc import run_calc_demo
+
+        run_calc_demo(output_dir or Path("runs/demo-calc"), set_ or [])
+    else:
+        from rlkit.demo_real import run_demo
+
+        run_demo(output_dir or Path("runs/demo"), gsm8k_test, set_ or [])
