@@ -14,9 +14,7 @@ Every stage goes through ``rlkit train`` / ``rlkit eval``'s code and is timed (:
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +55,6 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     overrides = list(overrides or [])
     sft_dir, grpo_dir = output_dir / "sft", output_dir / "grpo"
     stages = Stages(console)
-    started = time.time()
 
     def evaluate_both(tag: str, model: str | None) -> list[dict[str, Any]]:
         out = []
@@ -102,9 +99,4 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
                       f"{r['grpo'] - r['sft']:+.3f}", f"{r['grpo'] - r['base']:+.3f}",
                       f"{r['base_tool']:.2f} -> {r['sft_tool']:.2f} -> {r['grpo_tool']:.2f}")
     console.print(table)
-    console.print(stages.table())
-    total = time.time() - started
-    console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the runs, evals and trajectories are in {output_dir}/")
-    summary = {"rows": rows, "stages": stages.rows, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
-    (output_dir / "demo.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return stages.finish(rows, output_dir)

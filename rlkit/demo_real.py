@@ -71,7 +71,7 @@ class Stages:
     machine the times say as much about the neighbours as about rlkit."""
 
     def __init__(self, console: Any) -> None:
-        self.console, self.rows = console, []
+        self.console, self.rows, self.started = console, [], time.time()
 
     def run(self, name: str, work: Callable[[], Any]) -> Any:
         load_before, t = os.getloadavg()[0], time.time()
@@ -81,6 +81,16 @@ class Stages:
         self.console.print(f"[dim]{name}: {self.rows[-1]['seconds']:.0f}s (1-min load average "
                            f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)[/]")
         return value
+
+    def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
+        """Print the time per stage and the total; write and return the summary (``output_dir/demo.json``)."""
+        self.console.print(self.table())
+        total = time.time() - self.started
+        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the runs, evals and predictions are in "
+                           f"{output_dir}/")
+        summary = {"rows": rows, "stages": self.rows, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
+        (output_dir / "demo.json").write_text(json.dumps(summary, indent=2))
+        return summary
 
     def table(self) -> Any:
         from rich.table import Table
@@ -117,7 +127,6 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     sets = eval_sets(gsm8k_file)
     stages = Stages(console)
     timed = stages.run
-    started = time.time()
 
     def evaluate_all(tag: str, model: str | None, where: Path) -> list[dict[str, Any]]:
         out = []
@@ -152,9 +161,4 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
         table.add_row(r["set"], str(r["n"]), f"{r['base']:.3f}", f"{r['grpo']:.3f}", f"{r['grpo'] - r['base']:+.3f}",
                       f"{r['base_format']:.2f} -> {r['grpo_format']:.2f}")
     console.print(table)
-    console.print(stages.table())
-    total = time.time() - started
-    console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the run, evals and predictions are in {output_dir}/")
-    summary = {"rows": rows, "stages": stages.rows, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
-    (output_dir / "demo.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return stages.finish(rows, output_dir)
