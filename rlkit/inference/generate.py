@@ -118,9 +118,9 @@ def _generate_shared(model: Any, tokenizer: Any, prompts: list[list[int]], share
     cache = DynamicCache(config=model.config)
     model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
     cache.batch_repeat_interleave(len(tails))
-    # A cache object and a cache_implementation (fastgen's static cache) cannot both be given to generate.
     # Positions count real tokens only, so a tail continues right after the prefix whatever its padding.
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    # A cache object and a cache_implementation (fastgen's static cache) cannot both be given to generate.
     out = model.generate(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          cache_implementation=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
                          **sampling_kwargs(temperature, 1))
