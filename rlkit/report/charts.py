@@ -241,7 +241,9 @@ def draw_eval(title: str, rows: list[dict[str, Any]], evals: list[dict[str, Any]
     if evals:
         ax, accuracy = axes[0], [e["accuracy"] for e in evals]
         ax.barh(range(len(evals)), accuracy, color="tab:blue", height=0.6)
-        ax.set_yticks(range(len(evals)), [f"{shorten(e['model'])} (n={fmt(e['n'])})" for e in evals])
+        # The file names which set it was (base-heldout, grpo-newwording, ...), the model which weights.
+        ax.set_yticks(range(len(evals)), [f"{Path(e['file']).stem}: {shorten(e['model'])} (n={fmt(e['n'])})"
+                                          for e in evals])
         ax.set_ylim(len(evals), -1)  # first file on top, as in the report's table; room above and below
         for i, value in enumerate(accuracy):
             ax.text(value + 0.01, i, f"{value:.3f}", va="center")
