@@ -160,6 +160,7 @@ MATRIX = [
     ("eval --out a foreign file", ["eval", SFT, "--smoke", "--out", "{tmp}/full/notes.txt"],
      "--out {tmp}/full/notes.txt: is not a file rlkit wrote"),
     ("rollout --resume without --out", ["rollout", AGENT, "--smoke", "--resume"], "--resume continues the trajectories"),
+    ("two demos at once", ["demo", "--tiny", "--calc"], "--tiny and --calc name two different demos"),
 ]
 
 

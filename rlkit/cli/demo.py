@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from rlkit.cli.options import SetOpt
+from rlkit.errors import UserError
 
 
 def demo(
@@ -21,6 +22,8 @@ def demo(
     set_: list[str] = SetOpt,
 ) -> None:
     """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again."""
+    if tiny and calc:
+        raise UserError("--tiny and --calc name two different demos: pick one")
     if tiny:
         from rlkit.demo import run_demo as run_tiny_demo
 
