@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import jsonl
-from rlkit.demo_real import Stages
+from rlkit.demo_real import Stages, prepare
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO = "smol_calc_sft.yaml", "smol_calc_grpo.yaml"
@@ -49,10 +49,10 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     from rlkit.train import train
 
     console = Console()
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     sft_recipe, grpo_recipe = recipes_dir() / SFT, recipes_dir() / GRPO
     overrides = list(overrides or [])
+    output_dir = prepare(Path(output_dir), [(sft_recipe, overrides),
+                                            (grpo_recipe, overrides + list(grpo_overrides or []))])
     sft_dir, grpo_dir = output_dir / "sft", output_dir / "grpo"
     stages = Stages(console)
 

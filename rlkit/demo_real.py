@@ -66,6 +66,25 @@ def format_share(results: dict[str, Any]) -> float:
     return sum(s == 1.0 for s in scores) / len(scores)
 
 
+def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
+    """Before any work: each (recipe, overrides) loads and builds its TRL config, and ``output_dir`` is a
+    place a demo may write (never the cwd, $HOME, a repo root or a symlink; a ``demo.json`` or
+    ``gsm8k_easiest.jsonl`` already there is one a demo wrote). Returns the folder; one that did not exist is
+    created and marked as rlkit's. A bad ``--set`` or folder is one line and leaves nothing behind."""
+    from rlkit import safety
+    from rlkit.recipe import load_recipe
+    from rlkit.trainers import check_trainer
+
+    for recipe, overrides in recipes:
+        check_trainer(load_recipe(recipe, overrides), str(recipe))
+    output_dir = safety.check_target(output_dir, "--output-dir")
+    safety.check_replaceable_file(output_dir / "demo.json", "--output-dir", ("rows", "stages"))
+    safety.check_replaceable_file(output_dir / "gsm8k_easiest.jsonl", "--output-dir", ("question", "answer"))
+    if output_dir.is_dir():  # reused as it is: a folder rlkit did not create never gets its ownership mark
+        return output_dir
+    return safety.make_dir(output_dir, "demo")
+
+
 class Stages:
     """Times each stage of a demo and prints it with the 1-minute load average before and after: on a shared
     machine the times say as much about the neighbours as about rlkit."""
@@ -84,12 +103,14 @@ class Stages:
 
     def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
         """Print the time per stage and the total; write and return the summary (``output_dir/demo.json``)."""
+        from rlkit import safety
+
         self.console.print(self.table())
         total = time.time() - self.started
         self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the runs, evals and predictions are in "
                            f"{output_dir}/")
         summary = {"rows": rows, "stages": self.rows, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
-        (output_dir / "demo.json").write_text(json.dumps(summary, indent=2))
+        safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
         return summary
 
     def table(self) -> Any:
@@ -114,10 +135,9 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     from rlkit.train import train
 
     console = Console()
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     recipe = recipes_dir() / RECIPE
     overrides = list(overrides or [])
+    output_dir = prepare(Path(output_dir), [(recipe, overrides)])
     run_dir = output_dir / "grpo"
     gsm8k_file = None
     if gsm8k_test is not None and Path(gsm8k_test).is_file():

@@ -59,6 +59,8 @@ def _files(tmp_path):
     (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\nname: big\n")
     (tmp_path / "hugeint.jsonl").write_text('{"question": "q", "answer": ' + "9" * 5000 + "}\n")
     (tmp_path / "deep.jsonl").write_text('{"question": ' + "[" * 100000 + "]" * 100000 + ', "answer": "1"}\n')
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "demo.json").write_text('{"my": "results"}\n')
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "adapter_config.json").write_text("{}")
     (tmp_path / "runs" / "other-run").mkdir(parents=True)
@@ -161,6 +163,12 @@ MATRIX = [
      "--out {tmp}/full/notes.txt: is not a file rlkit wrote"),
     ("rollout --resume without --out", ["rollout", AGENT, "--smoke", "--resume"], "--resume continues the trajectories"),
     ("two demos at once", ["demo", "--tiny", "--calc"], "--tiny and --calc name two different demos"),
+    ("demo over a foreign demo.json", ["demo", "--output-dir", "{tmp}/theirs"],
+     "--output-dir {tmp}/theirs/demo.json: is not a file rlkit wrote"),
+    ("demo into the current directory", ["demo", "--calc", "--output-dir", "."], "is the current directory"),
+    ("calc demo with a GRPO-only --set", ["demo", "--calc", "--output-dir", "{tmp}/calc", "--set",
+                                          "trainer.num_generations=2"],
+     "smol_calc_sft.yaml: trainer.num_generations: not a SFTConfig field"),
 ]
 
 

@@ -120,3 +120,17 @@ def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_pat
     report = (run / "report.md").read_text()
     assert "base-newwording.json" in report and "grpo-gsm8k-easiest.json" in report
     assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]
+
+
+def test_a_demo_reuses_an_existing_folder_without_claiming_it(tmp_path):
+    """A demo's --output-dir that already exists is written into but never marked as rlkit's (the mark would
+    let a later --overwrite delete the user's files); one the demo creates is marked."""
+    from rlkit import safety
+    from rlkit.demo_real import prepare
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert prepare(tmp_path / "mine", []) == tmp_path / "mine"
+    assert not (tmp_path / "mine" / safety.MARKER).exists()
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    assert (prepare(tmp_path / "new", []) / safety.MARKER).is_file()

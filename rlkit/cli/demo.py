@@ -21,7 +21,10 @@ def demo(
                                     help="GSM8K test JSONL for the easiest-items row (skipped when absent)."),
     set_: list[str] = SetOpt,
 ) -> None:
-    """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again."""
+    """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again.
+
+    With --calc, each --set applies to both the SFT and the GRPO recipe.
+    """
     if tiny and calc:
         raise UserError("--tiny and --calc name two different demos: pick one")
     if tiny:
