@@ -1,7 +1,8 @@
 """Backend choice: auto -> hf without CUDA, unsloth without a GPU is an error, never a fallback.
 
-The CPU-behaviour tests skip themselves on a CUDA machine; the GPU test runs there (conftest skips
-`gpu` tests on CPU with the reason "needs a CUDA GPU").
+`choose()` takes the machine's CUDA fact as `cuda=`, so the CPU-machine behaviour is checked on every
+machine; the GPU test loads through Unsloth on a GPU (conftest skips `gpu` tests on CPU with the reason
+"needs a CUDA GPU").
 """
 
 import subprocess
@@ -13,9 +14,6 @@ import torch
 from rlkit import backends
 from rlkit.errors import UserError
 
-cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks CPU-machine behaviour")
-
-
 @pytest.fixture(autouse=True)
 def fresh_choice():
     backends._chosen.clear()
@@ -23,17 +21,16 @@ def fresh_choice():
     backends._chosen.clear()
 
 
-@cpu_only
 def test_auto_picks_hf_without_cuda(caplog):
     with caplog.at_level("INFO", logger="rlkit"):
-        assert backends.choose("auto") == "hf"
+        assert backends.choose("auto", cuda=False) == "hf"
     assert "backend auto -> hf (no CUDA GPU)" in caplog.text
 
 
-@cpu_only
 def test_unsloth_without_gpu_is_a_clear_error():
     with pytest.raises(UserError, match="unsloth needs a CUDA GPU and this machine has none"):
-        backends.choose("unsloth")
+        backends.choose("unsloth", cuda=False)
+    assert backends._chosen == {}  # nothing recorded: a later call on a GPU machine decides afresh
 
 
 @pytest.fixture
@@ -80,12 +77,28 @@ def test_gpu_tests_run_on_cuda_and_skip_with_a_reason_on_cpu():
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__,
                            "-k", "gpu_backend or picks_hf"], capture_output=True, text=True, timeout=120)
     if torch.cuda.is_available():
-        assert "1 passed" in done.stdout and "SKIPPED" in done.stdout  # the GPU test ran, the CPU one skipped
+        assert "2 passed" in done.stdout and "SKIPPED" not in done.stdout, done.stdout  # both ran
     else:
         assert "SKIPPED [1]" in done.stdout and "needs a CUDA GPU" in done.stdout, done.stdout
         assert "1 passed, 1 skipped" in done.stdout, done.stdout
 
 
 @pytest.mark.gpu
-def test_unsloth_gpu_backend_loads_on_gpu():
-    assert backends.choose("unsloth") == "unsloth"
+def test_unsloth_gpu_backend_loads_on_gpu(tiny_model_dir, tmp_path, monkeypatch):
+    """The tiny model through `backends.load` with `backend: unsloth`: on the GPU, wrapped in Unsloth's LoRA."""
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))  # Unsloth's generated trainers go there
+    recipe = load_recipe(recipes_dir() / "gsm8k_sft.yaml", ["model.backend=unsloth", "lora.r=8"], smoke=True)
+    model, tokenizer, peft_config, backend = backends.load(recipe)
+    assert backend == "unsloth" and backends._chosen == {"unsloth": "unsloth"}
+    assert peft_config is None  # Unsloth wrapped the model itself; TRL must not add a second LoRA
+    assert {p.device.type for p in model.parameters()} == {"cuda"}
+    lora = {n: p for n, p in model.named_parameters() if "lora_A" in n or "lora_B" in n}
+    targets = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in lora}
+    assert targets == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert all(p.requires_grad for p in lora.values())
+    assert {p.shape[0] for n, p in lora.items() if "lora_A" in n} == {8}
+    assert not any(p.requires_grad for n, p in model.named_parameters() if n not in lora)  # only the LoRA trains
+    ids = tokenizer("12 + 7 =", return_tensors="pt").to("cuda")
+    assert torch.isfinite(model(**ids).logits.float()).all()
