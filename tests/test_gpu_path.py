@@ -193,14 +193,40 @@ def unsloth_like(base):
     return Replaced
 
 
+def replaced_like(base, **other_defaults):
+    """A config class replaced with other defaults, the way Unsloth replaces SFT/DPO/reward/PPO configs."""
+
+    class Replaced(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **(other_defaults | kwargs))
+
+    Replaced.__module__ = f"unsloth_compiled_cache.Unsloth{base.__name__}"
+    return Replaced
+
+
+# Values TRL itself sets (several differ from transformers' TrainingArguments: lr 5e-5, no checkpointing).
+TRL_KNOWN = {"sft": {"learning_rate": 2e-5}, "dpo": {"learning_rate": 1e-6, "beta": 0.1},
+             "reward": {"learning_rate": 1e-4}, "ppo": {"learning_rate": 3e-6, "kl_coef": 0.05, "vf_coef": 0.1},
+             "grpo": {"learning_rate": 1e-6, "beta": 0.0, "loss_type": "dapo", "num_generations": 8}}
+
+
 @pytest.mark.parametrize("algorithm", ["sft", "dpo", "reward", "ppo", "grpo"])
 def test_pinned_defaults_are_trls_own(algorithm):
-    from rlkit.backends.trl_config import trl_defaults
+    from rlkit.backends.trl_config import trl_defaults, with_trl_defaults
     from rlkit.trainers import config_class
 
     cls = config_class(algorithm)
-    pinned = trl_defaults(cls) | {"use_cpu": True, "bf16": False}
-    assert cls(output_dir="/tmp/x", **pinned).to_dict() == cls(output_dir="/tmp/x", use_cpu=True, bf16=False).to_dict()
+    defaults = trl_defaults(cls)
+    known = TRL_KNOWN[algorithm] | {"seed": 42, "weight_decay": 0.0, "gradient_checkpointing": True}
+    assert {k: defaults[k] for k in known} == known and "output_dir" not in defaults and len(defaults) > 100
+    cpu = {"use_cpu": True, "bf16": False}
+    trl = cls(output_dir="/tmp/x", **cpu).to_dict()
+    assert cls(output_dir="/tmp/x", **(defaults | cpu)).to_dict() == trl
+    # Through an Unsloth-like replaced class (other defaults): the pinned config is TRL's, field for field.
+    replaced = unsloth_like(cls) if algorithm == "grpo" else \
+        replaced_like(cls, learning_rate=5e-5, seed=3407, weight_decay=0.001, gradient_checkpointing=False)
+    assert replaced(output_dir="/tmp/x", **cpu).learning_rate == 5e-5  # the stand-in does change the defaults
+    assert replaced(output_dir="/tmp/x", **with_trl_defaults(replaced, cpu)).to_dict() == trl
 
 
 def test_a_replaced_config_class_trains_with_trls_defaults_and_may_not_change_the_batch():
