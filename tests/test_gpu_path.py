@@ -300,25 +300,31 @@ def test_pre_ampere_gpus_train_in_fp16_unless_the_recipe_says():
 
 
 def test_a_bf16_value_models_score_head_is_float32_and_learns_at_ppo_learning_rates():
-    from peft import get_peft_model
+    from rlkit.trainers.ppo import _value_model
 
-    from rlkit.recipe import LoraSpec
-
-    model, tokenizer = hf.load(ModelSpec(name_or_path=TINY_MODEL, dtype="bfloat16"), head="score", training=True)
-    assert model.model.embed_tokens.weight.dtype == torch.bfloat16 and model.score.weight.dtype == torch.float32
-    peft = get_peft_model(model, hf.lora_config(LoraSpec(), head="score"))
-    head = peft.base_model.model.score.modules_to_save["default"]
+    recipe = load_recipe(recipes_dir() / "gsm8k_ppo.yaml", ["model.dtype=bfloat16"], smoke=True)
+    lr = trainer_config(recipe, output_dir="/tmp/x").learning_rate
+    assert lr == 3e-6
+    model = _value_model(recipe, None)  # the value model PPOTrainer is given
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    head = model.score.modules_to_save["default"]
     assert head.weight.dtype == torch.float32 and head.weight.requires_grad
+    # One PPO value step, read as PPOTrainer reads values: backbone hidden states (bf16, no autocast) into
+    # `model.score`, the value loss against a return, AdamW (TRL's: no weight decay) over what trains.
+    tokenizer = hf.load_tokenizer(resolve_model_id(recipe.model.name_or_path))
     ids = tokenizer(["12 + 7 = 19"], return_tensors="pt")
-    out = peft(**ids).logits  # bf16 hidden states into the float32 head, no autocast
-    out.sum().backward()
-    step = 3e-6 * head.weight.grad.sign()
+    hidden = getattr(model, model.base_model_prefix)(**ids, output_hidden_states=True).hidden_states[-1]
+    values = model.score(hidden)[..., 0]
+    assert hidden.dtype == torch.bfloat16 and values.dtype == torch.float32
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     before = head.weight.detach().clone()
-    with torch.no_grad():
-        head.weight -= step
-    assert (head.weight != before).float().mean().item() == 1.0  # every entry moved
+    (0.5 * (values - 1.0).square().mean()).backward()
+    optimizer.step()
+    moved = head.weight.detach() - before
+    assert (moved != 0).float().mean().item() == 1.0  # every entry of the head moved
+    assert moved.abs().max().item() <= 1.01 * lr  # by about lr: Adam's first step
     in_bf16 = before.to(torch.bfloat16)
-    moved_in_bf16 = (in_bf16 - step.to(torch.bfloat16) != in_bf16).float().mean().item()
+    moved_in_bf16 = (in_bf16 + moved.to(torch.bfloat16) != in_bf16).float().mean().item()
     assert moved_in_bf16 < 0.1  # a bf16 head would have kept (nearly) all of its weights
 
 
