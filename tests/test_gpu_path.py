@@ -88,9 +88,18 @@ def test_eval_loads_the_adapter_on_the_recorded_base(swapped_run):
 
     run, prequantized = swapped_run
     recipe = load_recipe(recipes_dir() / "gsm8k_sft.yaml", QLORA, smoke=True)
-    model, _ = load(model_ref(recipe, run, None))
+    model, tokenizer = load(model_ref(recipe, run, None))
     assert model.config._name_or_path == str(prequantized)
     assert any("Linear4bit" in type(m).__name__ for m in model.modules())
+    # The adapter is on it: its trained lora_B weights (zero at init), and logits the base alone does not give.
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and max(p.abs().max().item() for p in lora_b) > 0
+    ids = tokenizer("Tom has 12 apples. He buys 7 more.", return_tensors="pt")
+    with torch.no_grad():
+        tuned = model(**ids).logits
+        with model.disable_adapter():
+            base = model(**ids).logits
+    assert (tuned - base).abs().max().item() > 1e-3
 
 
 # --- 2. inference loads go to the GPU; training loads are placed by the trainer -------------------------
