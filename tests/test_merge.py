@@ -227,6 +227,67 @@ def test_eval_accepts_the_merged_directory(run_dir, tmp_path):
     merge(run_dir, merged, dtype="float32", show_progress=False)
     adapter = evaluate(run_dir, out=tmp_path / "a.json", show_progress=False)
     exported = evaluate(run_dir, model=str(merged), out=tmp_path / "m.json", show_progress=False)
-    assert exported["model"] == str(merged) and exported["n"] == adapter["n"] == 8
-    # The same greedy completions from the exported model as from the adapter on its 4-bit base.
-    assert [e["completion"] for e in exported["examples"]] == [e["completion"] for e in adapter["examples"]]
+    # The base the adapter sits on (the recipe's 4-bit tiny model), on the same examples.
+    base = evaluate(recipes_dir() / "gsm8k_sft.yaml", smoke=True, overrides=QLORA, out=tmp_path / "b.json",
+                    show_progress=False)
+    assert exported["model"] == str(merged) and exported["n"] == adapter["n"] == base["n"] == 8
+    assert [e["prompt"] for e in base["examples"]] == [e["prompt"] for e in adapter["examples"]]
+    # The same greedy completions from the exported model as from the adapter on its 4-bit base,
+    # and they are the adapter's: the base alone answers differently.
+    completions = [e["completion"] for e in exported["examples"]]
+    assert completions == [e["completion"] for e in adapter["examples"]]
+    assert sum(a != b for a, b in zip(completions, [e["completion"] for e in base["examples"]], strict=True)) >= 4
+
+
+def test_compare_on_hand_made_logits():
+    import math
+
+    from rlkit.merge.verification import compare
+
+    # Prompt A: one logit off by 0.5, same top-1 and greedy ids. Prompt B: top-1 flips where the
+    # reference's margin was 0.1, and greedy decoding differs.
+    ref_a, new_a = torch.tensor([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0]]), torch.tensor([[3.0, 1.0, 0.5], [0.0, 2.0, 1.0]])
+    ref_b, new_b = torch.tensor([[1.0, 0.9, 0.0]]), torch.tensor([[0.8, 1.0, 0.0]])
+    c = compare([(ref_a, [5, 6]), (ref_b, [1])], [(new_a, [5, 6]), (new_b, [2])])
+
+    def kl(p, q):  # KL(softmax(p) || softmax(q)), by hand
+        zp, zq = sum(math.exp(x) for x in p), sum(math.exp(x) for x in q)
+        return sum(math.exp(a) / zp * ((a - math.log(zp)) - (b - math.log(zq))) for a, b in zip(p, q, strict=True))
+
+    kls = [kl([3, 1, 0], [3, 1, 0.5]), 0.0, kl([1, 0.9, 0], [0.8, 1, 0])]
+    assert c["positions"] == 3 and c["greedy_match"] == 0.5
+    assert c["max_abs_logit_diff"] == pytest.approx(0.5) and c["mean_abs_logit_diff"] == pytest.approx(0.8 / 9)
+    assert c["top1_agreement"] == pytest.approx(2 / 3) and c["top1_flip_max_ref_margin"] == pytest.approx(0.1)
+    assert c["mean_kl"] == pytest.approx(sum(kls) / 3, rel=1e-6)
+    a, b = c["prompts"]
+    assert (a["tokens"], a["top1_agreement"], a["greedy_match"], a["top1_flip_max_ref_margin"]) == (2, 1.0, True, 0.0)
+    assert a["max_abs_logit_diff"] == pytest.approx(0.5) and a["mean_kl"] == pytest.approx(kls[0] / 2, rel=1e-6)
+    assert (b["tokens"], b["top1_agreement"], b["greedy_match"]) == (1, 0.0, False)
+    assert b["max_abs_logit_diff"] == pytest.approx(0.2) and b["top1_flip_max_ref_margin"] == pytest.approx(0.1)
+
+
+def test_verify_measures_a_merge_that_left_the_adapter_out(tmp_path, tiny_model_dir):
+    """verify() on a LoRA with a known effect: the true merge matches it, the bare base differs by exactly
+    the adapter's effect."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.merge.verification import verify
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                            init_lora_weights=False))  # random B: an adapter that does something
+    lora.save_pretrained(tmp_path / "adapter")
+    tokenizer.save_pretrained(tmp_path / "adapter")
+    for name, weights in {"merged": lora.merge_and_unload(), "base": AutoModelForCausalLM.from_pretrained(tiny_model_dir)}.items():
+        weights.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    src = read_source(tmp_path / "adapter", base_model=str(tiny_model_dir))
+    good, bad = verify(src, tmp_path / "merged"), verify(src, tmp_path / "base")
+    effect = good["adapter_effect_max_abs_logit"]
+    assert effect > 0.05 and bad["adapter_effect_max_abs_logit"] == effect
+    assert good["max_abs_logit_diff"] <= 1e-4 and good["top1_agreement"] == 1.0 and good["greedy_match"] == 1.0
+    assert bad["max_abs_logit_diff"] == pytest.approx(effect, abs=1e-5)  # merged == base: the diff is the effect
+    assert bad["positions"] == good["positions"] > 50 and all(good["tokenizer"].values())
