@@ -327,17 +327,29 @@ def test_rollout_appends_as_it_goes_survives_a_lone_surrogate_and_resumes(tmp_pa
         rollout(CALCULATOR, endpoint="http://127.0.0.1:9/v1", smoke=True, limit=4, out=out)
 
 
-def test_eval_writes_each_example_as_it_goes_and_resumes_after_a_kill(tmp_path):
+def test_eval_writes_each_example_as_it_goes_and_resumes_after_a_kill(tmp_path, monkeypatch):
     from rlkit.evaluate import evaluate
+    from rlkit.inference import generate
 
+    generated = []  # the prompts each eval really generates for (the real generation runs)
+    real_generate_ids = generate.generate_ids
+
+    def counting(model, tokenizer, prompts, **kwargs):
+        generated.append(len(prompts))
+        return real_generate_ids(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(generate, "generate_ids", counting)
     out = tmp_path / "results.json"
     one_by_one = ["eval.batch_size=1", "eval.max_new_tokens=4"]  # each example independent of its batch
     first = evaluate(SFT, limit=4, smoke=True, out=out, overrides=one_by_one, show_progress=False)
     journal = out.with_suffix(".examples.jsonl")
     lines = journal.read_text().splitlines()
-    assert [json.loads(line) for line in lines] == first["examples"] and len(lines) == 4
-    journal.write_text("\n".join(lines[:2]) + "\n" + lines[2][:30])  # killed while writing the third
+    assert [json.loads(line) for line in lines] == first["examples"] and len(lines) == 4 and generated == [4]
+    kept = "\n".join(lines[:2]) + "\n"
+    journal.write_text(kept + lines[2][:30])  # killed while writing the third
     out.unlink()
     again = evaluate(SFT, limit=4, smoke=True, out=out, overrides=one_by_one, show_progress=False, resume=True)
+    assert generated == [4, 2]  # only the two examples not written whole were generated again
     assert again["examples"] == first["examples"] and again["accuracy"] == first["accuracy"]
+    assert journal.read_text().startswith(kept)  # the two kept records were not rewritten
     assert json.loads(out.read_text())["n"] == 4
