@@ -127,6 +127,9 @@ def test_continued_run_saves_one_adapter_and_records_its_start(sft_run, tmp_path
     start, end = _adapter_tensors(sft_run), _adapter_tensors(run_dir)
     assert start.keys() == end.keys()
     assert all(torch.allclose(start[k], end[k], atol=1e-3) for k in start)
+    # ... and it did take them: the LoRA moved (a run that never stepped would save the SFT weights unchanged).
+    moved = {k for k in start if (start[k] - end[k]).abs().max() > 1e-6}  # 2 AdamW steps of lr 5e-6: ~7.5e-6
+    assert moved == set(start), f"{len(moved)} of {len(start)} tensors changed"
 
 
 def test_ppo_continues_the_adapter_with_a_frozen_reference(sft_run, tmp_path):
