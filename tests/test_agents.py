@@ -173,14 +173,27 @@ def test_parsed_turn_reads_tool_calls_like_trl(tiny_model_dir):
     assert cut.finish_reason == "length" and cut.message["content"] == "#### 4"
 
 
-def test_local_model_rollout_and_agent_eval(tmp_path, capsys):
+def test_local_model_rollout_and_agent_eval(tmp_path, capsys, monkeypatch):
     """The hf policy batches every live episode per turn; `rlkit eval` of an agent recipe scores rollouts."""
+    from rlkit.agents import hf as hf_policy
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.show import print_eval
 
+    batches = []  # (prompts, batch_size) of each generation call the policy makes (the real one runs)
+    real_generate_ids = hf_policy.generate_ids
+
+    def recording(model, tokenizer, prompts, **kwargs):
+        batches.append((len(prompts), kwargs["batch_size"]))
+        return real_generate_ids(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(hf_policy, "generate_ids", recording)
     results = evaluate(CALCULATOR, smoke=True, limit=4, out=tmp_path / "eval.json", show_progress=False)
     records = [json.loads(line) for line in Path(results["trajectories"]).read_text().splitlines()]
     assert results["n"] == len(records) == 4
+    # One generation call per turn holding every episode still live at that turn, in one model batch.
+    live = [sum(len(r["turns"]) > t for r in records) for t in range(max(len(r["turns"]) for r in records))]
+    assert live[0] == 4 and [n for n, _ in batches] == live, (batches, live)
+    assert all(size >= 4 for _, size in batches)
     assert results["accuracy"] == sum(r["metrics"]["accuracy"] for r in records) / 4
     assert results["f1"] is None  # GSM8K answers are right or wrong
     print_eval(results)
