@@ -5,7 +5,10 @@ from rich.console import Console
 from rlkit.recipe import recipes_dir
 
 
-def test_chat_loop_with_the_calculator_env(tmp_path, capsys):
+def test_chat_loop_with_the_calculator_env(tmp_path, capsys, monkeypatch):
+    import copy
+
+    from rlkit.agents.hf import HFPolicy
     from rlkit.chat import chat
 
     lines = iter(["What is 6 times 7?", "/reset", "", "And 2 + 2?", "/exit", "never read"])
@@ -15,12 +18,26 @@ def test_chat_loop_with_the_calculator_env(tmp_path, capsys):
         seen.append(prompt)
         return next(lines)
 
+    asked = []  # the conversation the model is given at each turn (the real model answers)
+    real_generate = HFPolicy.generate
+
+    def recording(self, conversations, tools):
+        asked.append(copy.deepcopy(conversations[0]))
+        return real_generate(self, conversations, tools)
+
+    monkeypatch.setattr(HFPolicy, "generate", recording)
+
     chat("rlkit/tiny-qwen3", env="calculator", recipe_path=recipes_dir() / "gsm8k_calculator_grpo.yaml",
          max_new_tokens=8, read=read)
     out = capsys.readouterr().out
     assert len(seen) == 5  # stops at /exit
     assert "tools: calculator" in out and "(new conversation)" in out
     assert out.count("model>") + out.count("→ calculate") >= 2  # one reply per question at least
+    # After /reset the model sees the system prompt and the new question only: the history is gone.
+    users = [[m["content"] for m in conversation if m["role"] == "user"] for conversation in asked]
+    assert users[0] == ["What is 6 times 7?"] and users[-1] == ["And 2 + 2?"]
+    after = next(c for c, u in zip(asked, users, strict=True) if "And 2 + 2?" in u)
+    assert after[0] == asked[0][0] and after[0]["role"] == "system" and len(after) == 2
 
 
 def test_tool_calls_and_results_are_shown_as_they_happen():
