@@ -44,13 +44,16 @@ def test_other_wording_shares_no_name_thing_or_question_with_the_training_family
 
 
 def test_recipes_load_and_use_the_calc_task_with_the_calculator():
-    for path in (SFT, GRPO):
-        recipe = load_recipe(path, [])
+    sft, grpo = load_recipe(SFT, []), load_recipe(GRPO, [])
+    evals = {}
+    for recipe in (sft, grpo):
         assert get_task(recipe.data.task) is calc and recipe.env.name == "calculator"
-        assert recipe.data.eval == load_recipe(GRPO, []).data.eval  # one held-out split
-    recipe = load_recipe(GRPO, [])
-    rows = task_rows(recipe, "eval", load_rows("calc", recipe.data.eval))
-    assert rows[0]["prompt"][0]["content"] == calc.PROMPTS["calculator"] and rows[0]["answer"].isdigit()
+        rows = task_rows(recipe, "eval", load_rows("calc", recipe.data.eval))
+        assert {r["prompt"][0]["content"] for r in rows} == {calc.PROMPTS["calculator"]}
+        assert len(rows) == 100 and all(r["answer"].isdigit() for r in rows)
+        evals[recipe.algorithm] = [(r["prompt"], r["answer"]) for r in rows]
+    assert evals["sft"] == evals["grpo"]  # one held-out split, the same prompts and answers for both
+    recipe = grpo
     train = set(calc.generate(recipe.data.train.synthetic, seed=recipe.data.train.seed)["question"])
     assert not train & set(calc.generate(100, seed=recipe.data.eval.seed)["question"])
 
