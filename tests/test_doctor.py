@@ -320,7 +320,9 @@ def test_gpu_recipe_needs_its_gpu_packages_here():
     assert verdicts(report)["versions/vllm"] == "fail"
 
 
-def test_report_files_are_whole(tmp_path):
+def test_report_files_are_whole(tmp_path, monkeypatch):
+    import dataclasses
+
     from rlkit.doctor.render import markdown, write
 
     report = run(GRPO, smoke=True, families=CHEAP)
@@ -328,6 +330,24 @@ def test_report_files_are_whole(tmp_path):
     assert json.loads(js.read_text())["go"] is True
     assert markdown(report).count("\n| ") >= len(report.checks)
     assert not list(tmp_path.glob(".*partial"))
+    before = js.read_text()
+    # A second report whose write is killed half-way through doctor.json: each file is the old one or the
+    # new one, whole, never half of either.
+    second = dataclasses.replace(report, recipe="second")
+    real_write_text = Path.write_text
+
+    def killed_in_json(self, data, *args, **kwargs):
+        if "doctor.json" in self.name:
+            real_write_text(self, data[: len(data) // 2], *args, **kwargs)
+            raise KeyboardInterrupt
+        return real_write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", killed_in_json)
+    with pytest.raises(KeyboardInterrupt):
+        write(second, tmp_path)
+    monkeypatch.undo()
+    assert md.read_text() == markdown(second) != markdown(report)
+    assert js.read_text() == before and json.loads(before)["recipe"] == report.recipe
     shutil.rmtree(tmp_path)
 
 
