@@ -1,6 +1,7 @@
 """bench/gpu.py without a GPU: the plan, the skipped rows, and a case's child run on the tiny model."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -50,8 +51,20 @@ def test_a_case_child_trains_and_merges_on_the_tiny_model_and_its_row_is_written
     sft, error = gpu.spawn(["--child", "sft-hf-qlora-nf4", str(tiny_model_dir), str(tmp_path / "sft" / "run")], 300)
     assert error is None
     assert len(sft["all_step_seconds"]) == gpu.STEPS and sft["step_seconds"] > 0 and sft["tokens_per_second"] > 0
+    # It trained: a finite loss and a finite, non-zero gradient at every step, taken with a non-zero learning rate.
+    logged = [json.loads(line) for line in (tmp_path / "sft" / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, gpu.STEPS + 1))
+    assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in steps)
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 and r["learning_rate"] > 0 for r in steps)
     merged, error = gpu.spawn(["--child", "merge-hf-qlora-nf4", str(tiny_model_dir), str(tmp_path / "m" / "run")], 300)
     assert error is None
+    # The merge case's saved adapter moved: every lora_B starts at zero.
+    from safetensors.torch import load_file
+
+    lora_b = {k: v for k, v in load_file(str(tmp_path / "m" / "run" / "adapter" / "adapter_model.safetensors")).items()
+              if "lora_B" in k}
+    assert lora_b and all(v.abs().max().item() > 0 for v in lora_b.values())
     assert merged["top1_agreement"] >= 0.95 and merged["adapter_effect_max_abs_logit"] > 1e-3
     gpu.record(tmp_path / "out", {"size": "tiny", "case": "merge-hf-qlora-nf4", "status": "ok", **merged})
     assert f"{merged['top1_agreement']:.4f}" in (tmp_path / "out" / "gpu.md").read_text()
