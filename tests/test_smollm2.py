@@ -177,8 +177,15 @@ def test_qlora_merge_of_the_real_model_reproduces_the_adapter(smollm2_dir, tmp_p
     m = report["metrics"]
     assert report["trained_in_4bit"] and report["base_mode"] == "dequantized" and report["dtype"] == "bfloat16"
     assert m["positions"] > 100
-    assert m["top1_agreement"] >= 0.99 and m["top1_flip_max_ref_margin"] <= 5e-2
-    # bf16 storage of a 30-layer model: one run measured max |Δlogits| 0.281 with top-1 >= 0.99.
-    assert m["max_abs_logit_diff"] <= 0.5
+    # bf16 storage of a 30-layer model: measured max |Δlogits| 0.281, mean 0.034, top-1 1.0, greedy 1.0 (this
+    # seeded adapter, twice). The naive merge onto the original 16-bit weights, held to the same bounds below,
+    # measured max 15.5, mean 1.62, top-1 0.67, greedy 0.0.
+    def faithful(metrics):
+        return (metrics["max_abs_logit_diff"] <= 0.35 and metrics["mean_abs_logit_diff"] <= 0.05
+                and metrics["top1_agreement"] >= 0.99 and metrics["greedy_match"] >= 5 / 6)
+
+    assert faithful(m) and m["top1_flip_max_ref_margin"] <= 5e-2, m
+    naive = merge(run_dir, tmp_path / "naive", base="original", show_progress=False)["metrics"]
+    assert not faithful(naive) and naive["max_abs_logit_diff"] > 3 * 0.35, naive
     # The adapter matters: it moves the logits more than the merge error does.
     assert m["adapter_effect_max_abs_logit"] > m["max_abs_logit_diff"]
