@@ -14,6 +14,7 @@ import torch
 from rlkit import backends
 from rlkit.errors import UserError
 
+
 @pytest.fixture(autouse=True)
 def fresh_choice():
     backends._chosen.clear()
