@@ -85,11 +85,10 @@ def test_gpu_tests_run_on_cuda_and_skip_with_a_reason_on_cpu():
 
 
 @pytest.mark.gpu
-def test_unsloth_gpu_backend_loads_on_gpu(tiny_model_dir, tmp_path, monkeypatch):
+def test_unsloth_gpu_backend_loads_on_gpu(tiny_model_dir):
     """The tiny model through `backends.load` with `backend: unsloth`: on the GPU, wrapped in Unsloth's LoRA."""
     from rlkit.recipe import load_recipe, recipes_dir
 
-    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))  # Unsloth's generated trainers go there
     recipe = load_recipe(recipes_dir() / "gsm8k_sft.yaml", ["model.backend=unsloth", "lora.r=8"], smoke=True)
     model, tokenizer, peft_config, backend = backends.load(recipe)
     assert backend == "unsloth" and backends._chosen == {"unsloth": "unsloth"}
