@@ -112,3 +112,129 @@ def test_serve_search_refuses_bad_input_with_one_line(tmp_path):
     no_index = subprocess.run([sys.executable, "-m", "rlkit", "serve-search", str(recipes_dir() / "gsm8k_grpo.yaml")],
                               capture_output=True, text=True, env={**os.environ, **_server_env(tmp_path)})
     assert no_index.returncode == 2 and "no `retrieval:` section" in no_index.stderr
+
+
+CALCULATOR = recipes_dir() / "gsm8k_calculator_grpo.yaml"
+CALC_SERVER = ROOT / "tests" / "mcp_calculator.py"
+
+
+def _calc_env(extra: str = "", **server_env: str) -> str:
+    env = {"PYTHONPATH": str(ROOT), **server_env}
+    return (f"env={{name: mcp, max_turns: 2{extra}, server: {{command: {sys.executable}, args: [{CALC_SERVER}], "
+            f"env: {env}}}}}".replace("'", '"'))
+
+
+@pytest.fixture
+def fresh_connections():
+    from rlkit.envs.mcp_client import close_all
+
+    close_all()
+    yield
+    close_all()
+
+
+def test_mcp_tools_become_env_methods_and_failures_are_tool_text(fresh_connections):
+    from transformers.utils import get_json_schema
+
+    from rlkit.data import env_factory
+    from rlkit.envs import call_tool, recipe_tool_schemas, tool_schemas
+    from rlkit.envs.calculator import CalculatorEnv
+
+    recipe = load_recipe(CALCULATOR, [_calc_env(", timeout: 1.0")], smoke=True)
+    env = env_factory(recipe)()
+    schemas = {s["function"]["name"]: s["function"] for s in tool_schemas(env)}
+    assert list(schemas) == ["calculate", "children", "sleep"] and recipe_tool_schemas(recipe) == tool_schemas(env)
+    builtin = get_json_schema(CalculatorEnv.calculate)["function"]
+    assert schemas["calculate"]["parameters"] == builtin["parameters"]  # what the model reads about the argument
+    assert schemas["calculate"]["description"] == builtin["description"]
+    assert call_tool(env, "calculate", {"expression": "2 + 3 * 4"}).content == "14"
+    refused = call_tool(env, "calculate", '{"expression": "1/0"}')
+    # The server's error text (the SDK's MCPServer prefixes it), in the form TRL gives a built-in tool's exception.
+    assert refused.content == "{'error': 'Error executing tool calculate: division by zero'}"
+    slow = call_tool(env, "sleep", {"seconds": 3}, timeout=30.0)
+    assert slow.content == "{'error': 'timed out after 1s'}" and not slow.timed_out and slow.seconds < 2.5
+    assert call_tool(env, "calculate", {"expression": "6*7"}).content == "42"  # the connection still serves
+    assert call_tool(env, "nope", {}).error.startswith("Tool nope not found")
+    assert env.metrics == {"calls": 4.0, "errors": 2.0, "timeouts": 1.0}
+    assert [c["tool"] for c in env.calls] == ["calculate", "calculate", "sleep", "calculate"]
+    env.reset()
+    assert env.metrics["calls"] == 0 and env.calls == []
+    assert env_factory(recipe)().connection is env.connection  # one server per process, shared by episodes
+
+    only = env_factory(load_recipe(CALCULATOR, [_calc_env(", tools: [calculate]")], smoke=True))()
+    assert [s["function"]["name"] for s in tool_schemas(only)] == ["calculate"]
+    from rlkit.errors import UserError
+
+    with pytest.raises(UserError, match=r"env.tools: the MCP server has no tool 'calculat' \(did you mean"):
+        env_factory(load_recipe(CALCULATOR, [_calc_env(", tools: [calculat]")], smoke=True))
+
+
+def test_env_mcp_recipe_errors_are_one_line(tmp_path):
+    from rlkit.errors import UserError
+
+    with pytest.raises(UserError, match="env mcp needs `server:`"):
+        load_recipe(CALCULATOR, ["env={name: mcp}"], smoke=True)
+    with pytest.raises(UserError, match="give exactly one of `command`"):
+        load_recipe(CALCULATOR, ["env={name: mcp, server: {command: x, url: http://h/mcp}}"], smoke=True)
+    with pytest.raises(UserError, match=r"`env.timeout` is for `name: mcp`"):
+        load_recipe(CALCULATOR, ["env.timeout=3"], smoke=True)
+
+
+_EPISODE_THEN = """
+import json, os, signal, sys, time
+from rlkit.data import env_factory
+from rlkit.envs import call_tool
+from rlkit.recipe import load_recipe
+env = env_factory(load_recipe(sys.argv[1], [sys.argv[2]], smoke=True))()
+print(json.dumps({"grandchild": int(call_tool(env, "children", {}).content)}), flush=True)
+if sys.argv[3] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)  # the test interrupts it here
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the guard is Linux-only")
+@pytest.mark.parametrize("how", ["kill", "interrupt"])
+def test_no_server_process_outlives_a_killed_or_interrupted_run(tmp_path, how):
+    import json
+    import signal
+
+    pid_file = tmp_path / "server.pid"
+    run = subprocess.Popen([sys.executable, "-c", _EPISODE_THEN, str(CALCULATOR),
+                            _calc_env(MCP_PID_FILE=str(pid_file)), how], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    grandchild = json.loads(run.stdout.readline())["grandchild"]
+    server = int(pid_file.read_text())
+    with open(f"/proc/{server}/stat") as f:
+        guard = int(f.read().rpartition(")")[2].split()[1])
+    processes = {"guard": guard, "server": server, "the server's child": grandchild}
+    assert all(_alive(pid) for pid in processes.values())
+    if how == "interrupt":
+        run.send_signal(signal.SIGINT)  # Ctrl-C: KeyboardInterrupt, then atexit closes the connection
+    assert run.wait(30) == (-signal.SIGKILL if how == "kill" else -signal.SIGINT)
+    deadline = time.time() + 15
+    while any(_alive(pid) for pid in processes.values()) and time.time() < deadline:
+        time.sleep(0.1)
+    assert [name for name, pid in processes.items() if _alive(pid)] == []
+
+
+def test_a_server_that_cannot_start_fails_the_doctor_with_one_line(fresh_connections):
+    from rlkit.doctor import run
+
+    override = "env={name: mcp, server: {command: rlkit-no-such-server}}"
+    report = run(CALCULATOR, [override], smoke=True, families=("template",))
+    check = next(c for c in report.checks if c.name == "env tools")
+    assert check.verdict == "fail" and not report.go
+    assert check.evidence.startswith("env.server: cannot start the MCP server `rlkit-no-such-server`: ")
+    assert "\n" not in check.evidence
+    good = run(CALCULATOR, [_calc_env()], smoke=True, families=("template",))
+    assert [c.evidence for c in good.checks if c.name == "env tools"] == [
+        "the mcp server answered: 3 tools (calculate, children, sleep)"]

@@ -49,7 +49,7 @@ class McpEnv:
     def __init__(self, server: dict[str, Any], tools: list[str] | None = None, timeout: float = 30.0) -> None:
         from rlkit.envs.mcp_client import connect
 
-        self.connection, self.timeout = connect(server), timeout
+        self.connection, self.call_timeout = connect(server), timeout
         for tool in selected(self.connection.tools, tools):
             setattr(self, tool.name, types.MethodType(tool_method(tool), self))
         self.reset()
@@ -63,11 +63,11 @@ class McpEnv:
         record: dict[str, Any] = {"tool": name, "arguments": arguments}
         self.calls.append(record)
         try:
-            result = self.connection.call(name, arguments, self.timeout)
+            result = self.connection.call(name, arguments, self.call_timeout)
         except TimeoutError:
             self.metrics["timeouts"] += 1
             self.metrics["errors"] += 1
-            record["error"] = f"timed out after {self.timeout:g}s"
+            record["error"] = f"timed out after {self.call_timeout:g}s"
             raise
         except ConnectionError as e:
             self.metrics["errors"] += 1
@@ -155,7 +155,9 @@ def python_type(schema: dict[str, Any]) -> Any:
 def docstring(tool: Any, properties: dict[str, dict], returns: dict | None) -> str:
     """The tool's description, an ``Args:`` line per property (and ``Returns:``), as get_json_schema reads them."""
     # A description with its own Args:/Returns: sections would be read as ours: keep the part before them.
-    description = re.split(r"\n\s*(?:Args|Returns|Raises):", (tool.description or tool.title or tool.name).strip())[0]
+    # cleandoc: servers built from Python functions send the raw docstring, indentation and all.
+    text = inspect.cleandoc(tool.description or tool.title or tool.name)
+    description = re.split(r"\n\s*(?:Args|Returns|Raises):", text)[0].strip()
     lines = [description, ""]
     if properties:
         lines.append("Args:")
@@ -172,7 +174,8 @@ def _check_schema(tool: Any, func: Any) -> None:
     from transformers.utils import get_json_schema
 
     shown = get_json_schema(func)["function"]
-    want = {k: v for k, v in (tool.input_schema or {}).items() if k in ("type", "properties", "required")}
+    # Titles (pydantic writes one on every property) are not for the model: leave them out of the comparison.
+    want = {k: v for k, v in _untitled(tool.input_schema or {}).items() if k in ("type", "properties", "required")}
     want.setdefault("type", "object")
     if not want.get("required"):
         want.pop("required", None)
@@ -182,6 +185,12 @@ def _check_schema(tool: Any, func: Any) -> None:
         log.warning("MCP tool %r: the chat template shows %s instead of the server's input schema %s "
                     "(transformers' get_json_schema cannot express the rest)", tool.name, json.dumps(got),
                     json.dumps(tool.input_schema))
+
+
+def _untitled(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _untitled(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    return [_untitled(v) for v in schema] if isinstance(schema, list) else schema
 
 
 def result_text(result: Any) -> str:
@@ -204,5 +213,6 @@ def factory_kwargs(recipe: Recipe) -> dict[str, Any]:
 
     env = recipe.env
     server = env.server.model_dump(exclude_none=True)
-    connect(server)
+    for tool in selected(connect(server).tools, env.tools):
+        tool_method(tool)  # a tool TRL cannot take fails here, and what the model will not see is logged once
     return {"server": server, "tools": env.tools, "timeout": env.timeout}

@@ -54,7 +54,9 @@ class Connection:
         except BaseException as e:
             self.close()
             if isinstance(e, (OSError, ConnectionError, *_GROUPS, _mcp_error())) or _http_error(e):
-                raise UserError(f"env.server: cannot start {describe_server(server)}: {_first_line(e)}") from None
+                where = "" if server.get("url") else " (its stderr is above)"
+                raise UserError(f"env.server: cannot start {describe_server(server)}: {_first_line(e)}{where}") \
+                    from None
             raise
 
     async def _open(self) -> list[Any]:
