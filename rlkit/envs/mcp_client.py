@@ -66,9 +66,9 @@ class Connection:
         return await ready
 
     async def _hold(self, ready: asyncio.Future) -> None:
-        from mcp import Client
-
         try:
+            from mcp import Client
+
             async with Client(_target(self.server)) as client:
                 tools, cursor = [], None
                 while True:
