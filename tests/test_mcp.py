@@ -321,3 +321,18 @@ def test_grpo_trains_against_an_mcp_calculator(tmp_path, fresh_connections):
         assert row["env/calls"] == pytest.approx(1.0) and row["env/errors"] == 0.0
     after = dict(trainer.model.named_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before), "the LoRA did not train"
+
+
+def test_eval_of_an_mcp_recipe_runs_its_episodes_against_the_server(tmp_path, fresh_connections):
+    """`rlkit eval` of an env-mcp recipe (the tiny model, which never calls a tool: the plumbing, not the skill)."""
+    import json
+
+    from rlkit.envs.mcp_client import _CONNECTIONS
+    from rlkit.evaluate import evaluate
+
+    results = evaluate(CALCULATOR, None, limit=3, smoke=True, out=tmp_path / "eval.json",
+                       overrides=[_calc_env(", tools: [calculate]")])
+    assert results["n"] == 3 and results["accuracy"] is not None
+    records = [json.loads(line) for line in open(results["trajectories"])]
+    assert len(records) == 3 and all(r["metrics"]["calls"] == 0 for r in records)  # McpEnv's metrics, recorded
+    assert len(_CONNECTIONS) == 1  # the server the episodes used, started once
