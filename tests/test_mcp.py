@@ -326,6 +326,7 @@ def test_grpo_trains_against_an_mcp_calculator(tmp_path, fresh_connections):
 def test_eval_of_an_mcp_recipe_runs_its_episodes_against_the_server(tmp_path, fresh_connections):
     """`rlkit eval` of an env-mcp recipe (the tiny model, which never calls a tool: the plumbing, not the skill)."""
     import json
+    from pathlib import Path
 
     from rlkit.envs.mcp_client import _CONNECTIONS
     from rlkit.evaluate import evaluate
@@ -333,6 +334,6 @@ def test_eval_of_an_mcp_recipe_runs_its_episodes_against_the_server(tmp_path, fr
     results = evaluate(CALCULATOR, None, limit=3, smoke=True, out=tmp_path / "eval.json",
                        overrides=[_calc_env(", tools: [calculate]")])
     assert results["n"] == 3 and results["accuracy"] is not None
-    records = [json.loads(line) for line in open(results["trajectories"])]
+    records = [json.loads(line) for line in Path(results["trajectories"]).read_text().splitlines()]
     assert len(records) == 3 and all(r["metrics"]["calls"] == 0 for r in records)  # McpEnv's metrics, recorded
     assert len(_CONNECTIONS) == 1  # the server the episodes used, started once
