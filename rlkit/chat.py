@@ -93,6 +93,8 @@ def _env_factory(recipe: Recipe, env: str | None):
 
     if env is not None and (recipe.env is None or recipe.env.name != env):
         env_class(env)  # unknown names fail here, with the valid ones listed
+        if env == "mcp":
+            raise UserError("--env mcp needs a server: pass --recipe RECIPE with `env: {name: mcp, server: ...}`")
         recipe.env = EnvSpec(name=env, max_turns=recipe.env.max_turns if recipe.env else 6)
     return env_factory(recipe) if recipe.env is not None else None
 

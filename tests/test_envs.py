@@ -280,9 +280,9 @@ def recipe_with(name, args=None, derived=None):
 
 
 def test_env_class_resolves_and_suggests():
-    assert set(ENVS) == {"calculator", "retrieval"}
+    assert set(ENVS) == {"calculator", "mcp", "retrieval"}
     assert env_class("calculator") is CalculatorEnv
-    with pytest.raises(UserError, match=r"unknown environment 'calculater' \(did you mean 'calculator'\?\); valid: calculator, retrieval$"):
+    with pytest.raises(UserError, match=r"unknown environment 'calculater' \(did you mean 'calculator'\?\); valid: calculator, mcp, retrieval$"):
         env_class("calculater")
 
 

@@ -63,7 +63,7 @@ class Episode:
         for i, call in enumerate(calls):
             function = call.get("function", {})
             name, arguments = function.get("name", ""), function.get("arguments", {})
-            result = call_tool(self.env, name, arguments, timeout=tool_timeout)
+            result = call_tool(self.env, name, arguments, timeout=_backstop(self.env, tool_timeout))
             call_id = call.get("id") or f"call_{len(self.turns)}_{i}"
             call["id"] = call_id
             self.messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": result.content})
@@ -73,6 +73,13 @@ class Episode:
             if result.timed_out:  # the call may still be running inside this env: the episode cannot go on
                 self.error, self.done = f"tool timeout: {name} {result.error}", True
                 return
+
+
+def _backstop(env: Any, tool_timeout: float | None) -> float | None:
+    """An environment that bounds its own calls (``call_timeout``: MCP) reports its timeouts as tool text and
+    stays usable; rlkit's own timeout then only backs it up, later."""
+    own = getattr(env, "call_timeout", None)
+    return tool_timeout if own is None or tool_timeout is None else max(tool_timeout, own + 5.0)
 
 
 def describe(error: Exception) -> str:

@@ -17,6 +17,7 @@ import typer
 from rlkit.cli.catalogue import index_app, recipes_app
 from rlkit.cli.demo import demo
 from rlkit.cli.options import SetOpt, SmokeOpt, console
+from rlkit.cli.serve import serve_search
 from rlkit.errors import Interrupted, UserError
 
 app = typer.Typer(help="Post-train language models with SFT, DPO, reward models, PPO and GRPO from one YAML recipe.",
@@ -24,6 +25,7 @@ app = typer.Typer(help="Post-train language models with SFT, DPO, reward models,
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(index_app, name="index")
 app.command()(demo)
+app.command("serve-search")(serve_search)
 
 
 @app.command()

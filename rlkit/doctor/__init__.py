@@ -226,9 +226,12 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, smoke: b
 
 def _family(family: str, ctx: Context, **options: Any) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
     if family == "template":
-        from rlkit.doctor import template
+        from rlkit.doctor import template, tools
 
-        return template.checks(ctx), {}
+        env_tools = tools.checks(ctx)
+        if any(c.verdict == "fail" for c in env_tools):  # the template checks render those tools
+            return env_tools, {}
+        return env_tools + template.checks(ctx), {}
     if family == "rewards":
         from rlkit.doctor import rewards
 

@@ -45,9 +45,9 @@ def _kwargs(ctx: Context) -> dict[str, Any]:
 def _tools(ctx: Context) -> list[dict] | None:
     if ctx.recipe.env is None:
         return None
-    from rlkit.envs import class_tool_schemas, env_class
+    from rlkit.envs import recipe_tool_schemas
 
-    return class_tool_schemas(env_class(ctx.recipe.env.name))
+    return recipe_tool_schemas(ctx.recipe)
 
 
 def end_of_turn_id(tok: Any, chat_template: str | None = None, **kwargs: Any) -> int | None:

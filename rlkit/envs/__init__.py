@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlkit.compat import TRL_NON_TOOL_METHODS, trl_tool_error
 from rlkit.envs.calculator import CalculatorEnv
+from rlkit.envs.mcp import McpEnv
 from rlkit.envs.retrieval import RetrievalEnv
 from rlkit.errors import UserError
 from rlkit.registry import Registry, did_you_mean
@@ -36,7 +37,8 @@ class Env(Protocol):
     def reset(self, **row: Any) -> Any: ...
 
 
-ENVS: Registry[type[Env]] = Registry("environment", {"calculator": CalculatorEnv, "retrieval": RetrievalEnv})
+ENVS: Registry[type[Env]] = Registry("environment", {"calculator": CalculatorEnv, "mcp": McpEnv,
+                                                     "retrieval": RetrievalEnv})
 
 
 def env_class(name: str) -> type[Env]:
@@ -106,6 +108,15 @@ def class_tool_schemas(cls: type) -> list[dict[str, Any]]:
     # get_json_schema drops an untyped leading `self`, so plain functions give the bound methods' schemas.
     return [get_json_schema(func) for name, func in inspect.getmembers(cls, inspect.isfunction)
             if not name.startswith("_") and name not in TRL_NON_TOOL_METHODS]
+
+
+def recipe_tool_schemas(recipe: Recipe) -> list[dict[str, Any]]:
+    """The tools the recipe's environment shows the model; an environment whose tools come from elsewhere (an
+    MCP server: ``dynamic_tools``) is built once to ask, the others are read from their class."""
+    cls = env_class(recipe.env.name)
+    if getattr(cls, "dynamic_tools", False):
+        return tool_schemas(make_factory(recipe)())
+    return class_tool_schemas(cls)
 
 
 @dataclass

@@ -152,12 +152,48 @@ class RetrievalSpec(Strict):
         return self
 
 
+class McpServerSpec(Strict):
+    """An MCP server for ``env: {name: mcp}``: a command rlkit starts (stdio), or the URL of a running one."""
+
+    command: str | None = Field(None, description="the executable; rlkit starts it once per run and stops it")
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables for the server (the MCP "
+                                "SDK passes only HOME, PATH, SHELL, TERM, USER and LOGNAME otherwise)")
+    cwd: str | None = None
+    url: str | None = Field(None, description="a streamable-HTTP endpoint, e.g. http://127.0.0.1:8765/mcp")
+    startup_timeout: float = Field(60.0, gt=0, description="seconds to connect and list the tools")
+
+    @model_validator(mode="after")
+    def _one_server(self) -> McpServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of `command` (rlkit starts the server) or `url` (a running server)")
+        if self.url is not None and (self.args or self.env or self.cwd):
+            raise ValueError("`args`, `env` and `cwd` go with `command`; a `url` server is already running")
+        return self
+
+
 class EnvSpec(Strict):
     """A tool environment (``rlkit.envs.ENVS``) for GRPO training, rollouts, eval and chat."""
 
     name: str
     max_turns: int = Field(6, gt=0, description="tool-calling rounds per episode (TRL max_tool_calling_iterations)")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the environment")
+    # env mcp only: the server, which of its tools the model gets (default all), seconds per call.
+    server: McpServerSpec | None = None
+    tools: list[str] | None = Field(None, min_length=1)
+    timeout: float | None = Field(None, gt=0, description="env mcp: seconds a tool call may take (default 30)")
+
+    @model_validator(mode="after")
+    def _mcp_keys(self) -> EnvSpec:
+        if self.name == "mcp":
+            if self.server is None:
+                raise ValueError("env mcp needs `server:` ({command: ..., args: [...]} or {url: ...})")
+            self.timeout = 30.0 if self.timeout is None else self.timeout
+        else:
+            for key in ("server", "tools", "timeout"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"`env.{key}` is for `name: mcp` environments; remove it")
+        return self
 
 
 class EvalSpec(Strict):

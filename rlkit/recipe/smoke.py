@@ -76,6 +76,7 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         put(data["pairs"], "max_new_tokens", 24, "pairs.max_new_tokens")
     if isinstance(data.get("env"), dict):
         put(data["env"], "max_turns", 2, "env.max_turns")
+        _smoke_serve_search(data["env"], put)
     if isinstance(data.get("retrieval"), dict):  # a local corpus, or a generated news corpus, indexed with BM25
         retrieval = data["retrieval"]
         if not _local_file(retrieval.get("corpus")):
@@ -107,6 +108,30 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if trainer.get("optim", "adamw_torch") not in _CPU_OPTIMIZERS:
         put(trainer, "optim", "adamw_torch", "trainer.optim")
     return data, changes
+
+
+def _smoke_serve_search(env: dict[str, Any], put: Any) -> None:
+    """An ``env: mcp`` server that is ``rlkit serve-search`` serves the smoke corpus too (``--smoke``), run by this
+    very rlkit (this interpreter, this package on its path), so the check needs no install and no download."""
+    server = env.get("server")
+    if env.get("name") != "mcp" or not isinstance(server, dict) or not isinstance(server.get("args"), list):
+        return
+    args = [str(a) for a in server["args"]]
+    command = str(server.get("command", ""))
+    if command.endswith("python") or command.endswith("python3"):
+        args = args[2:] if args[:2] == ["-m", "rlkit"] else []
+    elif not command.endswith("rlkit"):
+        return
+    if not args or args[0] != "serve-search":
+        return
+    import sys
+
+    import rlkit
+
+    put(server, "command", sys.executable, "env.server.command")
+    put(server, "args", ["-m", "rlkit", *args, *([] if "--smoke" in args else ["--smoke"])], "env.server.args")
+    root = str(Path(rlkit.__file__).resolve().parent.parent)
+    put(server, "env", {**(server.get("env") or {}), "PYTHONPATH": root}, "env.server.env")
 
 
 def _local_file(path: Any) -> bool:

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from rlkit.data import env_factory, load_rows, task_rows
-from rlkit.envs import class_tool_schemas, env_class, env_metrics
+from rlkit.envs import env_metrics, recipe_tool_schemas
 from rlkit.errors import UserError
 from rlkit.recipe import Recipe
 from rlkit.rewards import Reward, resolve_reward
@@ -102,7 +102,7 @@ def fit_context(recipe: Recipe, tokenizer: Any, train_ds: Any, args: Any) -> Any
     """
     tools = None
     if recipe.env is not None:
-        tools = class_tool_schemas(env_class(recipe.env.name))
+        tools = recipe_tool_schemas(recipe)
     room = recipe.model.max_seq_length - args.max_completion_length
     if room <= 0:
         raise UserError(f"trainer.max_completion_length {args.max_completion_length} leaves no room for a prompt in "
