@@ -7,7 +7,7 @@ import re
 import datasets
 import pytest
 
-from rlkit.data import gsm8k
+from rlkit.data import arith, gsm8k
 from rlkit.demo_real import easiest_gsm8k, eval_sets, format_share
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
@@ -21,7 +21,7 @@ def test_other_wording_is_a_disjoint_family_with_right_answers():
     classic = gsm8k.generate(300, seed=0, max_value=20, max_steps=1)
     other = gsm8k.generate(300, seed=0, max_value=20, max_steps=1, wording="other")
     # no name, thing or verb of the training family appears in the held-out family
-    content = set(gsm8k._NAMES + gsm8k._ITEMS) | {"then", "buys", "finds", "gives", "loses", "eats", "sells", "now"}
+    content = set(arith._NAMES + arith._ITEMS) | {"then", "buys", "finds", "gives", "loses", "eats", "sells", "now"}
     assert not {w.lower() for w in content} & _words(other)
     assert not set(other["question"]) & set(classic["question"])
     # every gold answer is the arithmetic of its own line, and that line uses the question's numbers
