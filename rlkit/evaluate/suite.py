@@ -140,9 +140,8 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
     rows = []
     for role, ref in models:
         cells: dict[str, Any] = {}
-        label = None
+        label, tag = None, model_tag(ref if ref is not None else Path(source).name)
         for s in suite.sets:
-            tag = model_tag(ref) if ref is not None else "trained"
             res = evaluate(source, ref, limit=limit, out=Path(out) / f"{role}-{tag}" / f"{s.name}.json",
                            overrides=(overrides or []) + s.overrides(), show_progress=show_progress)
             label = res["model"]
