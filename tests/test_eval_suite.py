@@ -83,8 +83,11 @@ def test_a_bad_suite_is_one_line_and_exit_2(tmp_path):
     bad.write_text("name: s\nsets:\n  - {name: a, eval: {synthetic: 4}}\n  - {name: a, eval: {synthetic: 5}}\n")
     with pytest.raises(UserError, match="share a name"):
         load_suite(bad)
-    result = CliRunner().invoke(app, ["eval", "rlkit/tiny-qwen3", "--suite", str(tmp_path / "none.yaml")])
-    assert result.exit_code != 0 and isinstance(result.exception, UserError)
+    for argv, message in ((["--suite", str(tmp_path / "none.yaml")], "no such file"),
+                          (["--suite", "arith", "--smoke"], "drop --smoke"),
+                          (["--no-base"], "add --suite")):
+        result = CliRunner().invoke(app, ["eval", "rlkit/tiny-qwen3", *argv])
+        assert isinstance(result.exception, UserError) and message in str(result.exception)
 
 
 def _tiny_suite(tmp_path: Path, n: int = 3) -> Path:

@@ -162,8 +162,12 @@ def eval_(
     if suite is not None:
         from rlkit.cli.suite import eval_suite
 
+        if smoke or resume:
+            raise UserError("--suite evaluates whole sets: drop --smoke/--resume (use --limit N for a quick look)")
         eval_suite(target, suite, model=model, base=base, no_base=no_base, limit=limit, out=out, overrides=set_ or [])
         return
+    if base is not None or no_base:
+        raise UserError("--base/--no-base compare models on a --suite; add --suite NAME|FILE")
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.show import print_eval
 
