@@ -44,6 +44,8 @@ def print_suite(summary: dict[str, Any]) -> None:
     from rich.console import Console
 
     console = Console()
+    if not console.is_terminal:  # a log file or a pipe: wide enough for every set's column, never cut
+        console = Console(width=max(80, 48 + 17 * len(summary["sets"])))
     console.print(suite_table(summary))
     for s in summary["sets"]:
         if s["about"]:
