@@ -16,6 +16,9 @@ from rlkit.evaluate.suite import load_suite, run_suite
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
 
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+
 
 def _operands(row):
     a, op, b, _, total = row["answer"].splitlines()[0].split()
@@ -135,3 +138,19 @@ def test_real_model_suite_table_matches_plain_eval(smollm2_dir, tmp_path):
         assert cells[s.name]["correct"] == rescored == round(plain["accuracy"] * 12) and cells[s.name]["n"] == 12
     # the model does sums better than products shown no worked turns
     assert cells["small"]["correct"] > cells["products"]["correct"]
+
+
+@pytest.mark.skipif(not (SHARED / "hotpotqa_closed").is_dir(), reason="shared/data/hotpotqa_closed is absent")
+def test_multihop_suite_searches_its_own_corpus(tmp_path, monkeypatch):
+    """The multihop set's questions load with their own columns, and its tool searches its own corpus."""
+    from rlkit.data import load_rows
+    from rlkit.retrieval.index import build_retriever
+
+    monkeypatch.chdir(ROOT)  # the suite's paths are read from the repo root
+    suite = load_suite("multihop")
+    recipe = load_recipe(recipes_dir() / f"{suite.recipe}.yaml",
+                         [*suite.sets[0].overrides(), f"retrieval.cache_dir={tmp_path}"])
+    rows = load_rows(recipe.data.task, recipe.data.eval)
+    assert len(rows) == 100 and rows[0]["supporting_ids"] == ["Alû", "Lilu (mythology)"]
+    retriever = build_retriever(recipe.retrieval, show_progress=False)
+    assert "Lilu (mythology)" in [p.title for p in retriever.search("Lilu demon Gallu", k=5)]
