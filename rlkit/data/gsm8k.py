@@ -7,10 +7,11 @@ to reason, then end with GSM8K's own final-answer line ``#### N``; ``rlkit.rewar
 
 from __future__ import annotations
 
-import random
 import re
+import zlib
 from typing import Any
 
+from rlkit.data import arith
 from rlkit.prompts import MATH_TUTOR
 
 SYSTEM_PROMPT = MATH_TUTOR
@@ -30,7 +31,16 @@ PROMPTS = {
     # Two lines, shown by example (``SHOTS``): a small model (SmolLM2-135M) copies the format from two worked
     # turns far more reliably than from an instruction, and short answers keep CPU generation cheap.
     "short": "Answer with the calculation, then `#### <number>`.",
+    # Other prompt forms of `short` (the `arith` eval suite, the demo's training mix): the system line alone,
+    # nothing at all (the chat template's own default system line), another system line with other worked turns.
+    "short-zero": "Answer with the calculation, then `#### <number>`.",
+    "bare": "",
+    "alt": "Solve the word problem. Write the sum you do on one line, then the result as `#### <number>`.",
+    # Per row, one of FORMS (a stable hash of the question picks): training that does not tie its gain to
+    # one prompt form.
+    "mix": "",
 }
+FORMS = ("short", "short-zero", "bare")
 # Worked example turns placed between the system prompt and the question, per prompt variant.
 SHOTS = {
     "short": [
@@ -38,6 +48,12 @@ SHOTS = {
         {"role": "assistant", "content": "3 + 4 = 7\n#### 7"},
         {"role": "user", "content": "Max has 9 cups. Then Max breaks 2. How many cups does Max have now?"},
         {"role": "assistant", "content": "9 - 2 = 7\n#### 7"},
+    ],
+    "alt": [
+        {"role": "user", "content": "There are 12 birds on a wire and 5 fly away. How many birds are on the wire?"},
+        {"role": "assistant", "content": "12 - 5 = 7\n#### 7"},
+        {"role": "user", "content": "A box holds 8 red beads and 6 blue beads. How many beads are in the box?"},
+        {"role": "assistant", "content": "8 + 6 = 14\n#### 14"},
     ],
 }
 _CALC_ANNOTATION = re.compile(r"<<[^<>]*>>")
@@ -50,8 +66,10 @@ def load(source: Any):
 
 
 def chat_prompt(question: str, variant: str = "default") -> list[dict[str, str]]:
-    return [{"role": "system", "content": PROMPTS[variant]}, *SHOTS.get(variant, []),
-            {"role": "user", "content": question.strip()}]
+    if variant == "mix":
+        variant = FORMS[zlib.crc32(question.strip().encode()) % len(FORMS)]
+    system = [{"role": "system", "content": PROMPTS[variant]}] if PROMPTS[variant] else []
+    return [*system, *SHOTS.get(variant, []), {"role": "user", "content": question.strip()}]
 
 
 def solution_text(answer: str) -> str:
@@ -136,83 +154,7 @@ def success(metrics: dict[str, float]) -> bool:
     return metrics.get("accuracy", 0.0) == 1.0
 
 
-# ---------------------------------------------------------------------------------------------
-# Synthetic problems in GSM8K's format
-
-_NAMES = ["Tom", "Mia", "Ravi", "Ana", "Leo", "Sara", "Ken", "Ines", "Omar", "Lucy", "Ben", "Zoe"]
-_ITEMS = ["apples", "books", "marbles", "stickers", "pencils", "cookies", "cards", "shells", "coins", "eggs"]
-_GAIN = ["buys {n} more", "finds {n} more", "gets {n} more from a friend", "is given {n} more"]
-_LOSS = ["gives away {n}", "loses {n}", "eats {n}", "sells {n}"]
-
-
-def generate(n: int, seed: int = 0, max_value: int = 20, max_steps: int = 2, wording: str = "classic"):
-    """``n`` seeded word problems with one or two additions/subtractions, GSM8K-formatted.
-
-    ``wording="other"`` draws one-step problems from a second family that shares no name, item, verb
-    or sentence shape with the classic one: a held-out check that a gain is not tied to the wording.
-
-    >>> generate(1, seed=3)[0]["answer"].splitlines()[-1].startswith("####")
-    True
-    """
-    import datasets
-
-    if wording not in ("classic", "other"):
-        raise ValueError(f"wording must be 'classic' or 'other', not {wording!r}")
-    rng = random.Random(seed)
-    make = _problem if wording == "classic" else _other_problem
-    rows = [make(rng, max_value, max_steps) for _ in range(n)]
-    return datasets.Dataset.from_list(rows)
-
-
-def _problem(rng: random.Random, max_value: int, max_steps: int) -> dict[str, str]:
-    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    total = rng.randint(1, max_value)
-    sentences = [f"{name} has {total} {item}."]
-    lines = []
-    for _ in range(rng.randint(1, max_steps)):
-        if total > 1 and rng.random() < 0.5:
-            k = rng.randint(1, total - 1)
-            sentences.append(f"Then {name} {rng.choice(_LOSS).format(n=k)}.")
-            lines.append(f"{total} - {k} = {total - k}")
-            total -= k
-        else:
-            k = rng.randint(1, max_value)
-            sentences.append(f"Then {name} {rng.choice(_GAIN).format(n=k)}.")
-            lines.append(f"{total} + {k} = {total + k}")
-            total += k
-    sentences.append(f"How many {item} does {name} have now?")
-    return {"question": " ".join(sentences), "answer": "\n".join(lines) + f"\n#### {total}"}
-
-
-# The second family: other names, things, verbs and sentence shapes (one step each).
-_OTHER_NAMES = ["Priya", "Jonas", "Amara", "Diego", "Hana", "Felix", "Noor", "Tariq", "Elena", "Kofi"]
-_OTHER_ADD = [
-    "A baker made {a} {thing} in the morning and {b} {thing} in the afternoon. How many {thing} did the baker make "
-    "in all?",
-    "{who} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {who} read altogether?",
-    "There are {a} {thing} in the red basket and {b} {thing} in the blue basket. How many {thing} are there in total?",
-    "{who} collected {a} {thing} last week. This week {who} collected another {b}. What is the total number of "
-    "{thing} {who} collected?",
-]
-_OTHER_SUB = [
-    "There were {a} {thing} on the table. {who} took {b} of them away. How many {thing} are still on the table?",
-    "A shop had {a} {thing} for sale and sold {b} of them before noon. How many {thing} were left?",
-    "{who} baked {a} {thing} for a party, and the guests ate {b}. How many {thing} remained?",
-    "The bus carried {a} passengers. At the next stop, {b} passengers got off. How many passengers stayed on the bus?",
-]
-_OTHER_THINGS = ["muffins", "tulips", "buttons", "crayons", "oranges", "bottles", "candles", "ribbons"]
-
-
-def _other_problem(rng: random.Random, max_value: int, max_steps: int) -> dict[str, str]:
-    who, thing = rng.choice(_OTHER_NAMES), rng.choice(_OTHER_THINGS)
-    a = rng.randint(2, max_value)
-    if rng.random() < 0.5:
-        b = rng.randint(1, max_value)
-        question, line, total = rng.choice(_OTHER_ADD), f"{a} + {b} = {a + b}", a + b
-    else:
-        b = rng.randint(1, a - 1)
-        question, line, total = rng.choice(_OTHER_SUB), f"{a} - {b} = {a - b}", a - b
-    return {"question": question.format(a=a, b=b, who=who, thing=thing), "answer": f"{line}\n#### {total}"}
+generate = arith.generate  # seeded GSM8K-format word problems (rlkit.data.arith)
 
 
 def solution_steps(answer: str) -> int:

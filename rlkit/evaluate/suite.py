@@ -1,0 +1,158 @@
+"""``rlkit eval TARGET --suite FILE|NAME``: one model, and its base, on several eval sets at once.
+
+A suite is a YAML file (shipped ones live in ``recipes/suites/``; ``--suite arith`` finds
+``recipes/suites/arith.yaml``)::
+
+    name: arith
+    recipe: smol_arith_grpo          # whose prompt, rewards, tool and eval settings the sets use when TARGET
+                                     # is a model (adapter, merged model, Hub id) rather than a run or a recipe
+    sets:
+      - name: two-digit              # a column of the table
+        about: sums and differences of two-digit numbers
+        eval: {synthetic: 100, seed: 901, generator: {min_value: 10, max_value: 99, max_steps: 1}}
+      - name: my-questions
+        eval: {path: data/my_questions.jsonl, columns: {question: q, answer: gold}}   # your data, your columns
+        prompt: short                # data.prompt for this set (default: the recipe's)
+        retrieval: {corpus: data/my_corpus.json, fields: {id: doc_id, text: body}}    # its own corpus
+        max_new_tokens: 64           # eval.max_new_tokens for this set
+        set: ["env.max_turns=3"]     # any other recipe overrides, as with --set
+
+Every set is evaluated by ``rlkit eval``'s own code (:func:`rlkit.evaluate.evaluate`) with the set turned into
+recipe overrides, so the prompt, the tool and the answer rule are the training run's. Relative paths are read
+from the current directory, like a recipe's. Each set's results JSON (with every prediction) is written under
+the output folder; ``suite.json`` there holds the table: per model and set ``correct``, ``n`` and ``accuracy``
+(the counts an interval needs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlkit import runs, safety
+from rlkit.errors import UserError
+from rlkit.recipe.catalogue import recipes_dir
+
+
+class SuiteSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    about: str = ""
+    eval: dict[str, Any]
+    prompt: str | None = None
+    retrieval: dict[str, Any] | None = None
+    max_new_tokens: int | None = Field(None, gt=0)
+    set: list[str] = Field(default_factory=list)
+
+    def overrides(self) -> list[str]:
+        """This set as ``--set`` overrides of the recipe (values as JSON, which YAML reads as it is)."""
+        out = [f"data.eval={json.dumps(self.eval)}"]
+        if self.prompt is not None:
+            out.append(f"data.prompt={json.dumps(self.prompt)}")
+        if self.max_new_tokens is not None:
+            out.append(f"eval.max_new_tokens={self.max_new_tokens}")
+        out += [f"retrieval.{key}={json.dumps(value)}" for key, value in (self.retrieval or {}).items()]
+        return out + self.set
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    recipe: str | None = None
+    sets: list[SuiteSet] = Field(min_length=1)
+
+
+def suites_dir() -> Path:
+    return recipes_dir() / "suites"
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    """A suite file, or the name of a shipped one; a mistake in it is one line."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        shipped = suites_dir() / f"{name_or_path}.yaml"
+        if not shipped.is_file():
+            names = ", ".join(sorted(p.stem for p in suites_dir().glob("*.yaml")))
+            raise UserError(f"--suite {name_or_path}: no such file, nor a shipped suite (shipped: {names})")
+        path = shipped
+    try:
+        suite = Suite.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({e})") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"{path}: {where}: {first['msg']}") from None
+    names = [s.name for s in suite.sets]
+    if len(set(names)) != len(names):
+        raise UserError(f"{path}: two sets share a name; give each set its own `name:`")
+    return suite
+
+
+def plan(target: str, suite: Suite, model: str | None, base: str | None,
+         no_base: bool) -> tuple[str, list[tuple[str, str | None]]]:
+    """(what to evaluate from: a run dir or recipe file, [(role, model argument), ...]).
+
+    A run directory: its adapter, beside the base it recorded. A recipe: ``--model`` beside the recipe's base
+    (or the base alone). Anything else is a model evaluated with the suite's ``recipe:``.
+    """
+    from rlkit.recipe import find_recipe, load_recipe
+
+    source = Path(target)
+    if runs.is_run_dir(source):
+        recipe_base, trained = runs.read_resolved(source)["model"]["name_or_path"], [("trained", model)]
+    elif source.suffix in (".yaml", ".yml") and source.is_file():
+        recipe_base = load_recipe(source).model.name_or_path
+        trained = [("trained", model)] if model is not None else []
+    else:
+        if suite.recipe is None:
+            raise UserError(f"{target}: not a run directory or a recipe, and suite {suite.name!r} names no "
+                            "`recipe:` to evaluate a model with; give a run directory or a recipe")
+        if model is not None:
+            raise UserError("--model: give the model as TARGET, or a run/recipe as TARGET and the model here")
+        target, trained = str(find_recipe(suite.recipe)), [("trained", target)]
+        recipe_base = load_recipe(target).model.name_or_path
+    models = ([] if no_base else [("base", base or recipe_base)]) + trained
+    if not models:
+        raise UserError("--no-base with nothing else to evaluate: give --model, or a run directory")
+    return str(target), models
+
+
+def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str | None = None,
+              no_base: bool = False, limit: int | None = None, out: Path | None = None,
+              overrides: list[str] | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Evaluate each model on each set; write and return the summary (``rows``: one per model)."""
+    from rlkit.evaluate import evaluate
+    from rlkit.inference.reference import model_tag
+
+    source, models = plan(target, suite, model, base, no_base)
+    if out is None:
+        out = (Path(source) / "eval" if runs.is_run_dir(Path(source)) else Path("evals")) / f"suite-{suite.name}"
+    safety.check_target(out, "--out")
+    summary_path = Path(out) / "suite.json"
+    safety.check_replaceable_file(summary_path, "--out", ("suite", "rows"))
+    rows = []
+    for role, ref in models:
+        cells: dict[str, Any] = {}
+        label, tag = None, model_tag(ref if ref is not None else Path(source).name)
+        for s in suite.sets:
+            res = evaluate(source, ref, limit=limit, out=Path(out) / f"{role}-{tag}" / f"{s.name}.json",
+                           overrides=(overrides or []) + s.overrides(), show_progress=show_progress)
+            label = res["model"]
+            n = res["n"]
+            correct = (sum(bool(e["correct"]) for e in res["examples"]) if "examples" in res
+                       else round(res["accuracy"] * n))
+            cells[s.name] = {"correct": correct, "n": n, "accuracy": correct / n, "results": res["path"]}
+        rows.append({"role": role, "model": label, "sets": cells})
+    summary = {"suite": suite.name, "target": str(target),
+               "sets": [{"name": s.name, "about": s.about} for s in suite.sets], "rows": rows}
+    safety.make_parent(summary_path, "eval")
+    safety.write_text(summary_path, safety.dumps(summary, indent=2))
+    summary["path"] = str(summary_path)
+    return summary

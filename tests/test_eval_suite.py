@@ -1,0 +1,156 @@
+"""`rlkit eval --suite`: the arithmetic generator's knobs and prompt forms, suite files, and the table (tiny model
+for the plumbing, the real SmolLM2 once to check the table against a plain `rlkit eval`)."""
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlkit.cli import app
+from rlkit.data import gsm8k
+from rlkit.errors import UserError
+from rlkit.evaluate.suite import load_suite, run_suite
+from rlkit.recipe import load_recipe, recipes_dir
+from rlkit.rewards.math import gsm8k_correct
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+
+
+def _operands(row):
+    a, op, b, _, total = row["answer"].splitlines()[0].split()
+    return int(a), op, int(b), int(total)
+
+
+def test_demo_held_out_problems_did_not_move():
+    """The defaults draw the rows earlier rlkit drew, seed for seed (the demo's numbers stay comparable)."""
+    questions = gsm8k.generate(100, seed=12345, max_value=20, max_steps=1)["question"]
+    assert questions[0] == "Ken has 10 apples. Then Ken is given 9 more. How many apples does Ken have now?"
+    assert hashlib.sha256("\n".join(questions).encode()).hexdigest()[:12] == "735171b808d4"
+
+
+def test_generator_knobs_move_one_axis_each():
+    two = gsm8k.generate(200, seed=1, min_value=10, max_value=99, max_steps=1)
+    for row in two:
+        a, op, b, total = _operands(row)
+        assert op in "+-" and 10 <= a <= 99 and total == (a + b if op == "+" else a - b)
+        assert 10 <= b <= 99 if op == "+" else 1 <= b < a
+    prods = gsm8k.generate(200, seed=2, ops="*", max_factor=12, max_steps=1)
+    for row in prods:
+        a, op, b, total = _operands(row)
+        assert op == "*" and 2 <= a <= 12 and 2 <= b <= 12 and total == a * b
+        assert re.findall(r"\d+", row["question"]) == [str(a), str(b)]
+    for wording in ("classic", "other"):
+        mixed = gsm8k.generate(300, seed=3, ops="+-*", max_value=50, max_steps=1, wording=wording)
+        ops = [_operands(r)[1] for r in mixed]
+        assert all(70 < ops.count(op) < 130 for op in "+-*")
+        assert gsm8k_correct(list(mixed["answer"]), answer=list(mixed["answer"])) == [1.0] * 300
+    for bad in ({"ops": "/"}, {"min_value": 30, "max_value": 20}, {"max_factor": 1}):
+        with pytest.raises(ValueError):
+            gsm8k.generate(2, **bad)
+
+
+def test_prompt_forms():
+    roles = {v: [m["role"] for m in gsm8k.chat_prompt("Q?", v)] for v in ("short", "short-zero", "bare", "alt")}
+    assert roles["short"] == roles["alt"] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert roles["short-zero"] == ["system", "user"] and roles["bare"] == ["user"]
+    assert gsm8k.chat_prompt("Q?", "alt")[1] != gsm8k.chat_prompt("Q?", "short")[1]  # other worked turns
+    questions = gsm8k.generate(300, seed=5)["question"]
+    forms = [len(gsm8k.chat_prompt(q, "mix")) for q in questions]
+    assert {forms.count(n) for n in (6, 2, 1)} <= set(range(70, 131))  # each form about a third of the rows
+    assert forms == [len(gsm8k.chat_prompt(q, "mix")) for q in questions]  # the same row, the same form
+
+
+def test_shipped_suites_load_and_their_sets_are_valid_recipe_overrides():
+    arith = load_suite("arith")
+    recipe = recipes_dir() / f"{arith.recipe}.yaml"
+    assert len(arith.sets) >= 6
+    for s in arith.sets:
+        r = load_recipe(recipe, s.overrides())
+        assert r.data.eval.synthetic >= 100
+    seeds = {(s.eval["seed"], json.dumps(s.eval["generator"])) for s in arith.sets}
+    assert len(seeds) == len(arith.sets)
+    multihop = load_suite("multihop")
+    r = load_recipe(recipes_dir() / f"{multihop.recipe}.yaml", multihop.sets[0].overrides())
+    assert r.retrieval.corpus.endswith("hotpotqa_train_corpus.json") and r.data.eval.columns["id"] == "_id"
+
+
+def test_a_bad_suite_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("name: s\nsets:\n  - {name: a, eval: {synthetic: 4}, promt: short}\n")
+    with pytest.raises(UserError, match=r"sets\.0\.promt: Extra inputs"):
+        load_suite(bad)
+    bad.write_text("name: s\nsets:\n  - {name: a, eval: {synthetic: 4}}\n  - {name: a, eval: {synthetic: 5}}\n")
+    with pytest.raises(UserError, match="share a name"):
+        load_suite(bad)
+    for argv, message in ((["--suite", str(tmp_path / "none.yaml")], "no such file"),
+                          (["--suite", "arith", "--smoke"], "drop --smoke"),
+                          (["--no-base"], "add --suite")):
+        result = CliRunner().invoke(app, ["eval", "rlkit/tiny-qwen3", *argv])
+        assert isinstance(result.exception, UserError) and message in str(result.exception)
+
+
+def _tiny_suite(tmp_path: Path, n: int = 3) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(f"""name: tiny
+sets:
+  - {{name: small, eval: {{synthetic: {n}, seed: 1, generator: {{max_value: 9, max_steps: 1}}}}, prompt: short}}
+  - {{name: products, eval: {{synthetic: {n}, seed: 2, generator: {{ops: "*", max_steps: 1}}}}, prompt: bare,
+     max_new_tokens: 6}}
+""")
+    return path
+
+
+def test_suite_on_a_run_puts_base_and_adapter_side_by_side(sft_run, tmp_path):
+    result = CliRunner().invoke(app, ["eval", str(sft_run), "--suite", str(_tiny_suite(tmp_path)),
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert [r["role"] for r in summary["rows"]] == ["base", "trained"]
+    assert summary["rows"][1]["model"].endswith("/adapter") and summary["rows"][0]["model"] == "rlkit/tiny-qwen3"
+    for row in summary["rows"]:
+        for cell in row["sets"].values():
+            res = json.loads(Path(cell["results"]).read_text())
+            assert cell["n"] == res["n"] == 3 and cell["correct"] == sum(e["correct"] for e in res["examples"])
+            assert cell["accuracy"] == pytest.approx(res["accuracy"])
+    products = json.loads(Path(summary["rows"][0]["sets"]["products"]["results"]).read_text())
+    assert all(re.search(r"\d+ groups|\d+ \w+ with \d+", e["prompt"]) for e in products["examples"])
+    assert "small" in result.output and "products" in result.output and "gain" in result.output
+
+
+@pytest.mark.slow
+def test_real_model_suite_table_matches_plain_eval(smollm2_dir, tmp_path):
+    """SmolLM2 on two sets: the suite's counts are those of `rlkit eval` with the same set as --set overrides."""
+    from rlkit.evaluate import evaluate
+
+    suite = load_suite(_tiny_suite(tmp_path, n=12))
+    recipe = str(recipes_dir() / "smol_arith_grpo.yaml")
+    summary = run_suite(recipe, suite, out=tmp_path / "suite", show_progress=False)
+    assert [r["role"] for r in summary["rows"]] == ["base"]
+    cells = summary["rows"][0]["sets"]
+    for s in suite.sets:
+        plain = evaluate(recipe, overrides=s.overrides(), out=tmp_path / f"{s.name}.json", show_progress=False)
+        golds = [e["gold"] for e in plain["examples"]]
+        rescored = sum(gsm8k_correct([e["completion"]], answer=[g])[0] for e, g in zip(plain["examples"], golds, strict=True))
+        assert cells[s.name]["correct"] == rescored == round(plain["accuracy"] * 12) and cells[s.name]["n"] == 12
+    # the model does sums better than products shown no worked turns
+    assert cells["small"]["correct"] > cells["products"]["correct"]
+
+
+@pytest.mark.skipif(not (SHARED / "hotpotqa_closed").is_dir(), reason="shared/data/hotpotqa_closed is absent")
+def test_multihop_suite_searches_its_own_corpus(tmp_path, monkeypatch):
+    """The multihop set's questions load with their own columns, and its tool searches its own corpus."""
+    from rlkit.data import load_rows
+    from rlkit.retrieval.index import build_retriever
+
+    monkeypatch.chdir(ROOT)  # the suite's paths are read from the repo root
+    suite = load_suite("multihop")
+    recipe = load_recipe(recipes_dir() / f"{suite.recipe}.yaml",
+                         [*suite.sets[0].overrides(), f"retrieval.cache_dir={tmp_path}"])
+    rows = load_rows(recipe.data.task, recipe.data.eval)
+    assert len(rows) == 100 and rows[0]["supporting_ids"] == ["Alû", "Lilu (mythology)"]
+    retriever = build_retriever(recipe.retrieval, show_progress=False)
+    assert "Lilu (mythology)" in [p.title for p in retriever.search("Lilu demon Gallu", k=5)]
