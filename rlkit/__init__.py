@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["load_recipe", "train", "evaluate", "UserError"]
 
 if TYPE_CHECKING:

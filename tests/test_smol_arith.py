@@ -8,7 +8,7 @@ import datasets
 import pytest
 
 from rlkit.data import arith, gsm8k
-from rlkit.demo_real import easiest_gsm8k, eval_sets, format_share
+from rlkit.demos.arith import easiest_gsm8k, eval_sets, format_share
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
 
@@ -100,7 +100,7 @@ def test_format_share_counts_replies_ending_with_the_answer_line():
 @pytest.mark.report
 def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_path):
     """The real demo's wiring, on the tiny model with one GRPO step (the numbers are `make demo`'s job)."""
-    from rlkit.demo_real import run_demo
+    from rlkit.demos.arith import run_demo
 
     gsm = tmp_path / "test.jsonl"
     gsm.write_text("".join(json.dumps({"question": f"{i} plus {i}?", "answer": f"a\nb\n#### {2 * i}"}) + "\n"
@@ -127,7 +127,7 @@ def test_a_demo_reuses_an_existing_folder_without_claiming_it(tmp_path):
     """A demo's --output-dir that already exists is written into but never marked as rlkit's (the mark would
     let a later --overwrite delete the user's files); one the demo creates is marked."""
     from rlkit import safety
-    from rlkit.demo_real import prepare
+    from rlkit.demos.stages import prepare
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")

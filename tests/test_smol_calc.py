@@ -138,7 +138,7 @@ def test_one_sft_step_changes_the_lora(smollm2_dir, tmp_path):
 @pytest.mark.report
 def test_calc_demo_runs_every_stage_and_reports_the_three_models_side_by_side(tmp_path):
     """`make demo-calc`'s wiring, on the tiny model with one SFT and one GRPO step (the numbers are the demo's job)."""
-    from rlkit.demo_calc import run_calc_demo
+    from rlkit.demos.calc import run_calc_demo
 
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
             "data.train.synthetic=8", "trainer.max_steps=1", "trainer.save_steps=1", "model.max_seq_length=1024",

@@ -16,12 +16,13 @@ import typer
 
 from rlkit.cli.catalogue import index_app, recipes_app
 from rlkit.cli.demo import demo
-from rlkit.cli.options import SetOpt, SmokeOpt, console
+from rlkit.cli.options import SetOpt, SmokeOpt, console, main_options
 from rlkit.cli.serve import serve_search
 from rlkit.errors import Interrupted, UserError
 
 app = typer.Typer(help="Post-train language models with SFT, DPO, reward models, PPO and GRPO from one YAML recipe.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app.callback()(main_options)
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(index_app, name="index")
 app.command()(demo)

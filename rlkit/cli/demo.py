@@ -28,14 +28,14 @@ def demo(
     if tiny and calc:
         raise UserError("--tiny and --calc name two different demos: pick one")
     if tiny:
-        from rlkit.demo import run_demo as run_tiny_demo
+        from rlkit.demos.tiny import run_demo as run_tiny_demo
 
         run_tiny_demo(output_dir or Path("runs/demo-tiny"))
     elif calc:
-        from rlkit.demo_calc import run_calc_demo
+        from rlkit.demos.calc import run_calc_demo
 
         run_calc_demo(output_dir or Path("runs/demo-calc"), set_ or [])
     else:
-        from rlkit.demo_real import run_demo
+        from rlkit.demos.arith import run_demo
 
         run_demo(output_dir or Path("runs/demo"), gsm8k_test, set_ or [])

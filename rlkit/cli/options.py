@@ -15,3 +15,18 @@ def console() -> Any:
     from rich.console import Console
 
     return Console()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from rlkit import __version__
+
+        typer.echo(f"rlkit {__version__}")
+        raise typer.Exit()
+
+
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print rlkit's version and exit."),
+) -> None:
+    """Post-train language models with SFT, DPO, reward models, PPO and GRPO from one YAML recipe."""

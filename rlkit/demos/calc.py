@@ -8,7 +8,7 @@ problems and on a second family whose wording training never saw:
 - after ``smol_calc_sft``: a short SFT warm-up on oracle tool-call trajectories (the call format);
 - after ``smol_calc_grpo``: GRPO with the calculator, continuing from the SFT adapter.
 
-Every stage goes through ``rlkit train`` / ``rlkit eval``'s code and is timed (:class:`rlkit.demo_real.Stages`).
+Every stage goes through ``rlkit train`` / ``rlkit eval``'s code and is timed (:class:`rlkit.demos.stages.Stages`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import jsonl
-from rlkit.demo_real import Stages, prepare
+from rlkit.demos.stages import Stages, prepare
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO = "smol_calc_sft.yaml", "smol_calc_grpo.yaml"

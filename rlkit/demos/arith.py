@@ -15,13 +15,11 @@ about rlkit.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlkit.demos.stages import Stages, prepare
 from rlkit.recipe import recipes_dir
 
 RECIPE = "smol_arith_grpo.yaml"
@@ -64,64 +62,6 @@ def format_share(results: dict[str, Any]) -> float:
 
     scores = answer_format([e["completion"] for e in results["examples"]])
     return sum(s == 1.0 for s in scores) / len(scores)
-
-
-def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
-    """Before any work: each (recipe, overrides) loads and builds its TRL config, and ``output_dir`` is a
-    place a demo may write (never the cwd, $HOME, a repo root or a symlink; a ``demo.json`` or
-    ``gsm8k_easiest.jsonl`` already there is one a demo wrote). Returns the folder; one that did not exist is
-    created and marked as rlkit's. A bad ``--set`` or folder is one line and leaves nothing behind."""
-    from rlkit import safety
-    from rlkit.recipe import load_recipe
-    from rlkit.trainers import check_trainer
-
-    for recipe, overrides in recipes:
-        check_trainer(load_recipe(recipe, overrides), str(recipe))
-    output_dir = safety.check_target(output_dir, "--output-dir")
-    safety.check_replaceable_file(output_dir / "demo.json", "--output-dir", ("rows", "stages"))
-    safety.check_replaceable_file(output_dir / "gsm8k_easiest.jsonl", "--output-dir", ("question", "answer"))
-    if output_dir.is_dir():  # reused as it is: a folder rlkit did not create never gets its ownership mark
-        return output_dir
-    return safety.make_dir(output_dir, "demo")
-
-
-class Stages:
-    """Times each stage of a demo and prints it with the 1-minute load average before and after: on a shared
-    machine the times say as much about the neighbours as about rlkit."""
-
-    def __init__(self, console: Any) -> None:
-        self.console, self.rows, self.started = console, [], time.time()
-
-    def run(self, name: str, work: Callable[[], Any]) -> Any:
-        load_before, t = os.getloadavg()[0], time.time()
-        value = work()
-        self.rows.append({"stage": name, "seconds": round(time.time() - t, 1),
-                          "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)})
-        self.console.print(f"[dim]{name}: {self.rows[-1]['seconds']:.0f}s (1-min load average "
-                           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)[/]")
-        return value
-
-    def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
-        """Print the time per stage and the total; write and return the summary (``output_dir/demo.json``)."""
-        from rlkit import safety
-
-        self.console.print(self.table())
-        total = time.time() - self.started
-        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the runs, evals and predictions are in "
-                           f"{output_dir}/")
-        summary = {"rows": rows, "stages": self.rows, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
-        safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
-        return summary
-
-    def table(self) -> Any:
-        from rich.table import Table
-
-        times = Table(title="time per stage")
-        for col in ("stage", "seconds", "1-min load before", "after"):
-            times.add_column(col, justify="left" if col == "stage" else "right")
-        for s in self.rows:
-            times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}")
-        return times
 
 
 def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None,
