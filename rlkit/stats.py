@@ -32,7 +32,10 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0/n and n/n the bound is exactly 0 or 1 (the float arithmetic would leave 5e-17 above the mean).
+    low = 0.0 if successes <= 0 else max(0.0, centre - half)
+    high = 1.0 if successes >= n else min(1.0, centre + half)
+    return low, high
 
 
 def bootstrap(values: Sequence[float], *, seed: int = 0, samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float]:
@@ -147,3 +150,15 @@ def show_diff(p: dict[str, Any], digits: int = 3) -> str:
     mark = " *" if p["significant"] else ""
     return (f"{p['diff']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}] "
             f"p={p['p']:.2g}{mark}")
+
+
+def show_accuracy(accuracy: float | None, n: Any = None, bounds: Sequence[float] | None = None,
+                  digits: int = 3) -> str:
+    """An accuracy with its 95% interval: ``bounds`` if given, else Wilson's from ``n`` (a bare number without n)."""
+    if accuracy is None:
+        return "-"
+    if bounds is None and isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        bounds = wilson(round(accuracy * n), n)
+    if bounds is None:
+        return f"{accuracy:.{digits}f}"
+    return show({"mean": accuracy, "low": bounds[0], "high": bounds[1]}, digits)

@@ -18,6 +18,7 @@ from rlkit.evaluate.agent import evaluate_agent
 from rlkit.evaluate.results import default_out, journal, write_results
 from rlkit.evaluate.reward_model import evaluate_reward_model
 from rlkit.inference.reference import resolve_target
+from rlkit.stats import wilson
 
 if TYPE_CHECKING:
     from rlkit.recipe import Recipe
@@ -89,10 +90,11 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
                  show_progress=show_progress, on_batch=write_batch)
         elapsed = time.time() - started
         examples = jsonl.read_records(sink.path)
+        correct = sum(e["correct"] for e in examples)
         results = {
             "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
-            "accuracy": sum(e["correct"] for e in examples) / len(examples), "seconds": round(elapsed, 2),
-            "examples": examples,
+            "accuracy": correct / len(examples), "interval": list(wilson(correct, len(examples))),
+            "seconds": round(elapsed, 2), "examples": examples,
         }
         return write_results(results, path)
 

@@ -34,7 +34,8 @@ def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, l
         report = analyze(trajectories)
         overall = report["answers"]["all"]
         results = {"recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(records),
-                   "accuracy": overall["accuracy"], "em": overall["em"], "f1": overall["f1"],
+                   "accuracy": overall["accuracy"],
+                   "interval": overall["intervals"].get("accuracy"), "em": overall["em"], "f1": overall["f1"],
                    "evidence_recall": overall.get("evidence_recall"),
                    "by_question_type": report["answers"], "seconds": round(time.time() - started, 2),
                    "trajectories": str(trajectories)}
