@@ -153,12 +153,15 @@ def eval_(
     set_: list[str] = SetOpt,
     out: Path = typer.Option(None, "--out", help="Results JSON (default RUN/eval/<model>.json)."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed eval after the examples it wrote."),
+    samples: int = typer.Option(None, "--samples", help="Also K samples per problem: pass@1, pass@K, avg@K, maj@K."),
+    temperature: float = typer.Option(None, "--temperature", help="Sampling temperature for --samples (default 1)."),
 ) -> None:
-    """Greedy pass@1 accuracy on the recipe's eval split."""
+    """Greedy pass@1 accuracy on the recipe's eval split (with --samples K, sampled metrics too)."""
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.show import print_eval
 
-    print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume))
+    print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume,
+                        samples=samples, temperature=temperature))
 
 
 @app.command()

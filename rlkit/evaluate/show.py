@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkit.evaluate.sampled import print_sampled
 from rlkit.stats import show_accuracy
 
 
@@ -24,6 +25,8 @@ def print_eval(results: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     console.print(f"per-example predictions: {results['path']}")
+    if "samples" in results:
+        print_sampled(results, console)
 
 
 def print_agent_eval(results: dict[str, Any]) -> None:
@@ -45,3 +48,5 @@ def print_agent_eval(results: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")
+    if "samples" in results:
+        print_sampled(results, console)
