@@ -248,3 +248,16 @@ def test_an_unreachable_judge_fails_the_pre_launch_doctor_in_one_line(tmp_path, 
         (fail,) = [c for c in verdict.checks if c.verdict == "fail"]
         assert fail.name == "judge: endpoint" and evidence in fail.evidence and "\n" not in fail.evidence
         monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+
+
+def test_the_judge_works_inside_a_running_event_loop(tmp_path):
+    """A notebook already runs an event loop; the reward is still a plain synchronous call."""
+    import asyncio
+
+    with ScriptedServer(lambda body: {"content": judged(body)}, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path))
+
+        async def inside():
+            return call(reward, ["#### 3", "#### 4"], ["3", "3"])
+
+        assert asyncio.run(inside()) == [1.0, 0.0]

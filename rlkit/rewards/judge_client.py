@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit import secrets
 from rlkit.cache import cache_dir
 from rlkit.errors import UserError
 
@@ -81,6 +82,7 @@ class Settings:
         if key is None and self.api_key_env != DEFAULT_KEY_ENV:
             raise UserError(f"judge: environment variable {self.api_key_env} (api_key_env) is not set; export the "
                             "judge's API key there")
+        secrets.register(key)  # masked in logs and errors from here on
         return key or "EMPTY"  # a local vLLM server takes any key
 
     def cache_path(self) -> Path | None:
@@ -131,7 +133,7 @@ def ask(settings: Settings, jobs: list[Job]) -> tuple[list[Any], Stats]:
         else:
             todo.append((i, key, (messages, parse)))
     if todo:
-        answers = asyncio.run(_ask_all(settings, [job for _, _, job in todo], stats))
+        answers = _run(_ask_all(settings, [job for _, _, job in todo], stats))
         fresh = []
         for (i, key, _), value in zip(todo, answers, strict=True):
             results[i] = value
@@ -143,6 +145,18 @@ def ask(settings: Settings, jobs: list[Job]) -> tuple[list[Any], Stats]:
             with path.open("a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in fresh))
     return results, stats
+
+
+def _run(coroutine: Any) -> Any:
+    """``asyncio.run``, or in a worker thread when this thread already runs an event loop (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 async def _ask_all(settings: Settings, batch: list[tuple[list[dict[str, str]], Callable[[str], Any]]],
