@@ -261,3 +261,15 @@ def test_the_judge_works_inside_a_running_event_loop(tmp_path):
             return call(reward, ["#### 3", "#### 4"], ["3", "3"])
 
         assert asyncio.run(inside()) == [1.0, 0.0]
+
+
+def test_rlkit_pairs_and_ppo_score_with_the_judge(judge_recipe, monkeypatch):
+    """RewardSet (what `rlkit pairs` and PPO's rule-reward model call) pays the judge's grades."""
+    from rlkit.recipe import load_recipe
+    from rlkit.rewards import RewardSet
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    with ScriptedServer(graded, model=MODEL) as server:
+        rewards = RewardSet(load_recipe(judge_recipe(server.url)).rewards)
+        totals, per_reward = rewards(["What is 2+5?", "What is 1+1?"], ["#### 7", "#### 3"], answer=["7", "2"])
+    assert per_reward["judge"][0] == 1.0 and 0 <= per_reward["judge"][1] < 0.5 and totals == per_reward["judge"]

@@ -21,6 +21,11 @@ Requests, cache, retries and metrics are :mod:`rlkit.rewards.judge_client`'s. **
 line saying how many requests failed and why; ``on_failure: skip`` leaves those completions unscored
 (``None``: TRL leaves a completion every reward skipped out of its group's baseline with advantage 0,
 and averages this reward over the rest). A judge failure never silently pays 0.
+
+Before training, the doctor sends one request to each judge (an unreachable one is a single blocking
+line) and puts ``judge`` through the reward card: 11 batches of its 4 rows (gold forms and adversarial
+probes, the long ones cut to their last ``max_chars``), answered once and cached. ``rank`` is left out of
+the card, whose probes come one per prompt.
 """
 
 from __future__ import annotations
