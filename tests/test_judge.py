@@ -273,3 +273,21 @@ def test_rlkit_pairs_and_ppo_score_with_the_judge(judge_recipe, monkeypatch):
         rewards = RewardSet(load_recipe(judge_recipe(server.url)).rewards)
         totals, per_reward = rewards(["What is 2+5?", "What is 1+1?"], ["#### 7", "#### 3"], answer=["7", "2"])
     assert per_reward["judge"][0] == 1.0 and 0 <= per_reward["judge"][1] < 0.5 and totals == per_reward["judge"]
+
+
+def test_garbage_text_reaches_the_judge_intact(tmp_path):
+    """Braces, empty and None contents, odd gold values: the reward still asks the judge and returns floats."""
+    seen = []
+
+    def echo(body):
+        seen.append(body["messages"][0]["content"])
+        return {"content": "VERDICT: INCORRECT"}
+
+    completions = ["{0} {question} }{", "", [{"role": "assistant", "content": None}], "\x00\ud7ff" * 3]
+    with ScriptedServer(echo, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, cache=False))
+        assert call(reward, completions, [None, 3, "", "{x}"]) == [0.0] * 4
+        ranked = resolve_reward("rank", args(server, tmp_path, cache=False, on_failure="skip", max_retries=0))
+        assert ranked(prompts=["same"] * 4, completions=completions) == [None] * 4  # "VERDICT" is not JSON scores
+    assert any("Response:\n{0} {question} }{\n" in text for text in seen)
+    assert any("Reference answer: {x}" in text for text in seen)
