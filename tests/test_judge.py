@@ -70,8 +70,15 @@ def test_judge_verdicts_aliases_cache_and_metrics(tmp_path):
         assert call(reward, texts, ["4"] * 4, aliases=[None, None, ["four", "IV"], None],
                     log_metric=lambda k, v: logged.append((k, v))) == values
         assert len(server.requests) == 4 and dict(logged)["judge/cache_hits"] == 4
-        # The cache is keyed by the judge model too: another judge asks again.
-        assert len((tmp_path / "judge-cache.jsonl").read_text().splitlines()) == 4
+        cache = tmp_path / "judge-cache.jsonl"
+        assert len(cache.read_text().splitlines()) == 4
+        # A run killed mid-line leaves a torn last line: it is skipped, and the next answers start a fresh line.
+        cache.write_text(cache.read_text() + '{"key": "torn')
+        judge_client._LOADED.clear()
+        assert call(reward, ["#### 9"], ["9"]) == [1.0] and len(server.requests) == 5
+        judge_client._LOADED.clear()
+        assert call(reward, ["#### 9"], ["9"]) == [1.0] and len(server.requests) == 5
+        assert len(cache.read_text().splitlines()) == 6
 
 
 def test_graded_judge_and_a_replaced_rubric(tmp_path):

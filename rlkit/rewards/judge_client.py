@@ -142,8 +142,10 @@ def ask(settings: Settings, jobs: list[Job]) -> tuple[list[Any], Stats]:
                 fresh.append({"key": key, "value": value})
         if path is not None and fresh:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in fresh))
+            with path.open("a+b") as f:
+                # After a run killed mid-line, start on a fresh line (the torn one is skipped on reading).
+                torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END) or f.read(1) != b"\n")
+                f.write(("\n" if torn else "").encode() + "".join(json.dumps(r) + "\n" for r in fresh).encode())
     return results, stats
 
 
