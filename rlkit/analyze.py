@@ -26,6 +26,7 @@ import numpy as np
 
 from rlkit.errors import UserError
 from rlkit.rewards.think import approx_tokens, think_spans
+from rlkit.stats import interval, show
 
 TRAJECTORIES = "trajectories.jsonl"
 QUALITY = ("em", "f1", "accuracy")
@@ -128,8 +129,12 @@ def _mean(values: list) -> float | None:
 def _quality(episodes: list[dict]) -> dict[str, Any]:
     """n, mean EM / F1 / accuracy and reward (over episodes that have them), and the success rate."""
     row: dict[str, Any] = {"n": len(episodes)}
+    row["intervals"] = {}
     for key in QUALITY:
-        row[key] = _mean([e["metrics"][key] for e in episodes if e["metrics"][key] is not None])
+        values = [e["metrics"][key] for e in episodes if e["metrics"][key] is not None]
+        row[key] = _mean(values)
+        if values:  # 95%: Wilson for 0/1 scores (accuracy, EM), bootstrap for graded ones (F1)
+            row["intervals"][key] = list(interval(values))
     recall = [e["metrics"][EVIDENCE] for e in episodes if e["metrics"][EVIDENCE] is not None]
     if recall:  # only rollouts whose questions name their supporting ids
         row[EVIDENCE] = _mean(recall)
@@ -220,8 +225,20 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
 
 
 def _cells(row: dict[str, Any], keys: list[str], digits: int = 3) -> list[str]:
-    return ["-" if row[key] is None else str(row[key]) if isinstance(row[key], int) else f"{row[key]:.{digits}f}"
-            for key in keys]
+    """Each number formatted; a mean with a 95% interval in ``row["intervals"]`` shows it: 0.410 [0.319, 0.508]."""
+    intervals = row.get("intervals") or {}
+
+    def cell(key: str) -> str:
+        value = row[key]
+        if value is None:
+            return "-"
+        if isinstance(value, int):
+            return str(value)
+        if key in intervals:
+            return show({"mean": value, "low": intervals[key][0], "high": intervals[key][1]}, digits)
+        return f"{value:.{digits}f}"
+
+    return [cell(key) for key in keys]
 
 
 def render(report: dict[str, Any], console: Any) -> None:

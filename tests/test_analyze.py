@@ -6,6 +6,7 @@ from rich.console import Console
 
 from rlkit.analyze import analyze, main, render, to_markdown
 from rlkit.errors import UserError
+from rlkit.stats import wilson
 
 
 def turn(prompt, completion, finish):
@@ -78,6 +79,11 @@ def assert_close(actual, expected):
 def test_answers_per_question_type(trajectories):
     answers = analyze(trajectories)["answers"]
     assert list(answers) == ["comparison_query", "inference_query", "null_query", "all"]
+    intervals = {name: row.pop("intervals") for name, row in answers.items()}
+    # 95% intervals: Wilson for accuracy and EM (0/1), a seeded bootstrap for F1
+    assert intervals["all"]["accuracy"] == pytest.approx(wilson(4, 6))
+    assert intervals["all"]["em"] == pytest.approx(wilson(3, 6))
+    assert intervals["all"]["f1"][0] < 3.75 / 6 < intervals["all"]["f1"][1] < 1.0
     assert_close(answers["comparison_query"],
         {"n": 3, "em": 1 / 3, "f1": 0.5, "accuracy": 2 / 3, "reward": 3.5 / 3, "success_rate": 1 / 3})
     assert_close(answers["inference_query"],
@@ -165,10 +171,10 @@ def test_markdown_tables(trajectories):
     for row in [
         "| question type | n | EM | F1 | accuracy | reward | success rate |",
         "|---|---|---|---|---|---|---|",
-        "| comparison_query | 3 | 0.333 | 0.500 | 0.667 | 1.167 | 0.333 |",
-        "| null_query | 2 | 1.000 | 1.000 | 1.000 | 1.250 | 0.500 |",
-        "| all | 8 | 0.500 | 0.625 | 0.667 | 1.250 | 0.500 |",
-        "| failure episodes | 4 | 0.000 | 0.250 | 0.333 | 0.375 | 0.000 |",
+        "| comparison_query | 3 | 0.333 [0.061, 0.792] | 0.500 [0.000, 1.000] | 0.667 [0.208, 0.939] | 1.167 | 0.333 |",
+        "| null_query | 2 | 1.000 [0.207, 1.000] | 1.000 [0.207, 1.000] | 1.000 [0.207, 1.000] | 1.250 | 0.500 |",
+        "| all | 8 | 0.500 [0.188, 0.812] | 0.625 [0.292, 0.917] | 0.667 [0.300, 0.903] | 1.250 | 0.500 |",
+        "| failure episodes | 4 | 0.000 [0.000, 0.561] | 0.250 [0.000, 0.500] | 0.333 [0.061, 0.792] | 0.375 | 0.000 |",
         "| all | 8 | 2.125 | 2.000 | 3.300 | 4 | 1:2 2:4 3:1 4:1 |",
         "| success | 4 | 1.000 | 1.000 | 1.700 | 2 | 0:1 1:2 2:1 |",
         "| all | last turn | prompt | 638.8 | 700.0 | 860.0 | 1000 |",

@@ -254,6 +254,8 @@ def test_every_registry_reward_takes_arbitrary_text(completions, gold):
 
     n = len(completions)
     for name in REWARDS:
+        if name in ("judge", "rank"):  # they call an endpoint: garbage text through a real server in test_judge.py
+            continue
         scores = resolve_reward(name)(completions=completions, prompts=[[]] * n, answer=[gold] * n,
                                       question_type=["inference_query"] * n)
         assert len(scores) == n, name

@@ -85,7 +85,7 @@ def test_report_text(grpo):
     assert report.startswith("# Run report: test_grpo\n")
     assert "**GRPO** on `rlkit/tiny-qwen3` with the `hf` backend, 5 / 5 steps, finished in 12.5 s" in report
     assert "a **smoke** run" in report
-    assert "| `runs/demo/grpo/adapter` | 200 | 0.86 | 2.51 | `eval/model0.json` |" in report
+    assert "| `runs/demo/grpo/adapter` | 200 | 0.860 [0.805, 0.901] | 2.51 | `eval/model0.json` |" in report
     # every chart is linked relative to RUN, and nothing else is
     links = re.findall(r"!\[[^]]+\]\((plots/[^)]+)\)", report)
     assert sorted(links) == [f"plots/{name}" for name in pngs(run)]
@@ -138,7 +138,7 @@ def test_agent_run_has_tools_chart(tmp_path):
     assert imread(run / "plots" / "tools.png").shape[:2] == (1080, 1000)  # calls, failures, env: 3 panels
     assert {"tools/call_frequency", "tools/failure_frequency", "env/calls", "env/errors"} <= {
         r["metric"] for r in summary["rows"]}
-    assert "| ↳ comparison_query | 8 | 0.5 | | |" in (run / "report.md").read_text()
+    assert "| ↳ comparison_query | 8 | 0.500 [0.215, 0.785] | | |"  # Wilson from n in (run / "report.md").read_text()
 
 
 def test_ppo_keys(tmp_path):

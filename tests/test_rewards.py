@@ -302,7 +302,8 @@ def test_unknown_reward_suggests_the_closest_name():
         resolve_reward("gsm8k_corect")
     assert str(e.value) == (
         "unknown reward 'gsm8k_corect' (did you mean 'gsm8k_correct'?); "
-        "valid: answer_format, gsm8k_correct, qa_correct, short_think, think_format, or package.module:function"
+        "valid: answer_format, gsm8k_correct, judge, qa_correct, rank, short_think, think_format, "
+        "or package.module:function"
     )
 
 
@@ -310,8 +311,8 @@ def test_unknown_reward_without_a_close_name():
     with pytest.raises(UserError) as e:
         resolve_reward("zzz")
     assert str(e.value) == (
-        "unknown reward 'zzz'; valid: answer_format, gsm8k_correct, qa_correct, short_think, think_format, "
-        "or package.module:function"
+        "unknown reward 'zzz'; valid: answer_format, gsm8k_correct, judge, qa_correct, rank, short_think, "
+        "think_format, or package.module:function"
     )
 
 

@@ -11,6 +11,7 @@ from rlkit.data import arith, gsm8k
 from rlkit.demos.arith import easiest_gsm8k, eval_sets, format_share
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
+from rlkit.stats import wilson
 
 
 def _words(rows) -> set[str]:
@@ -113,6 +114,10 @@ def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_pat
     assert [r["n"] for r in summary["rows"]] == [3] * len(slugs)
     for r in summary["rows"]:
         assert 0 <= r["base"] <= 1 and 0 <= r["grpo"] <= 1
+        assert r["base_interval"] == pytest.approx(wilson(round(r["base"] * r["n"]), r["n"]))
+        gain = r["gain"]  # paired on the same problems: exact McNemar for right/wrong
+        assert gain["test"] == "mcnemar" and gain["diff"] == pytest.approx(r["grpo"] - r["base"])
+        assert gain["low"] <= gain["diff"] <= gain["high"] and 0 <= gain["p"] <= 1
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "GRPO training",
                                                        "trained eval"]
     run = tmp_path / "demo" / "grpo"

@@ -147,6 +147,9 @@ def test_calc_demo_runs_every_stage_and_reports_the_three_models_side_by_side(tm
     assert [r["n"] for r in summary["rows"]] == [3, 3]
     for r in summary["rows"]:
         assert all(0 <= r[k] <= 1 for k in ("base", "sft", "grpo", "base_tool", "sft_tool", "grpo_tool"))
+        assert r["sft_interval"][0] <= r["sft"] <= r["sft_interval"][1]
+        for key, before in (("grpo_minus_sft", "sft"), ("grpo_minus_base", "base")):
+            assert r[key]["diff"] == pytest.approx(r["grpo"] - r[before]) and 0 <= r[key]["p"] <= 1
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
                                                        "SFT eval", "GRPO training", "GRPO eval"]
     run = tmp_path / "demo" / "grpo"

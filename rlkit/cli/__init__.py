@@ -160,8 +160,10 @@ def eval_(
                               "base and trained side by side; --out is then a folder."),
     base: str = typer.Option(None, "--base", help="With --suite: the base to compare with (default: the run's)."),
     no_base: bool = typer.Option(False, "--no-base", help="With --suite: skip the base model."),
+    samples: int = typer.Option(None, "--samples", help="Also K samples per problem: pass@1, pass@K, avg@K, maj@K."),
+    temperature: float = typer.Option(None, "--temperature", help="Sampling temperature for --samples (default 1)."),
 ) -> None:
-    """Greedy pass@1 accuracy on the recipe's eval split (or on every set of a --suite)."""
+    """Greedy pass@1 accuracy on the recipe's eval split (or on every set of a --suite; --samples K adds sampled metrics)."""
     if suite is not None:
         from rlkit.cli.suite import eval_suite
 
@@ -174,7 +176,8 @@ def eval_(
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.show import print_eval
 
-    print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume))
+    print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume,
+                        samples=samples, temperature=temperature))
 
 
 @app.command()

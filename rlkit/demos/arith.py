@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlkit.demos.stages import Stages, prepare
+from rlkit.demos.stages import GAIN_CAPTION, Stages, prepare
 from rlkit.recipe import recipes_dir
 
 RECIPE = "smol_arith_grpo.yaml"
@@ -70,8 +70,10 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     from rich.table import Table
 
     from rlkit.evaluate import evaluate
+    from rlkit.evaluate.results import gain
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
+    from rlkit.stats import show_accuracy, show_diff
     from rlkit.tiny import resolve_model_id
     from rlkit.train import train
 
@@ -93,7 +95,8 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
         out = []
         for label, slug, extra in sets:
             res = evaluate(recipe, model, overrides=overrides + extra, out=where / f"{tag}-{slug}.json", limit=limit)
-            out.append({"accuracy": res["accuracy"], "format": format_share(res), "n": res["n"]})
+            out.append({"accuracy": res["accuracy"], "interval": res["interval"], "format": format_share(res),
+                        "n": res["n"], "results": res})
             console.print(f"  {label}: accuracy {res['accuracy']:.3f}, format {out[-1]['format']:.2f} (n={res['n']})")
         return out
 
@@ -113,13 +116,16 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     write_report(run_dir)
 
     rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "grpo": t["accuracy"],
+             "base_interval": b["interval"], "grpo_interval": t["interval"], "gain": gain(b["results"], t["results"]),
              "base_format": b["format"], "grpo_format": t["format"]}
             for (label, _, _), b, t in zip(sets, base, trained, strict=True)]
-    table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> GRPO (greedy accuracy; format = ends with #### N)")
-    for col in ("eval set", "n", "base", "after GRPO", "gain", "format base -> GRPO"):
+    table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> GRPO (greedy accuracy [95% Wilson interval]; "
+                        "format = ends with #### N)", caption=GAIN_CAPTION)
+    for col in ("eval set", "n", "base", "after GRPO", "gain [95%] p", "format base -> GRPO"):
         table.add_column(col, justify="left" if col == "eval set" else "right")
     for r in rows:
-        table.add_row(r["set"], str(r["n"]), f"{r['base']:.3f}", f"{r['grpo']:.3f}", f"{r['grpo'] - r['base']:+.3f}",
+        table.add_row(r["set"], str(r["n"]), show_accuracy(r["base"], r["n"], r["base_interval"]),
+                      show_accuracy(r["grpo"], r["n"], r["grpo_interval"]), show_diff(r["gain"]),
                       f"{r['base_format']:.2f} -> {r['grpo_format']:.2f}")
     console.print(table)
     return stages.finish(rows, output_dir)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import jsonl
-from rlkit.demos.stages import Stages, prepare
+from rlkit.demos.stages import GAIN_CAPTION, Stages, prepare
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO = "smol_calc_sft.yaml", "smol_calc_grpo.yaml"
@@ -43,8 +43,10 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     from rich.table import Table
 
     from rlkit.evaluate import evaluate
+    from rlkit.evaluate.results import gain
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
+    from rlkit.stats import show_accuracy, show_diff
     from rlkit.tiny import resolve_model_id
     from rlkit.train import train
 
@@ -61,7 +63,8 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
         for label, slug, extra in SETS:
             res = evaluate(grpo_recipe, model, overrides=overrides + extra,
                            out=output_dir / "eval" / f"{tag}-{slug}.json")
-            out.append({"accuracy": res["accuracy"], "tool_share": tool_share(res), "n": res["n"]})
+            out.append({"accuracy": res["accuracy"], "interval": res["interval"], "tool_share": tool_share(res),
+                        "n": res["n"], "results": res})
             console.print(f"  {label}: accuracy {res['accuracy']:.3f}, episodes calling the tool "
                           f"{out[-1]['tool_share']:.2f} (n={res['n']})")
         return out
@@ -87,16 +90,20 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     write_report(grpo_dir)
 
     rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "sft": s["accuracy"], "grpo": g["accuracy"],
+             "base_interval": b["interval"], "sft_interval": s["interval"], "grpo_interval": g["interval"],
+             "grpo_minus_sft": gain(s["results"], g["results"]), "grpo_minus_base": gain(b["results"], g["results"]),
              "base_tool": b["tool_share"], "sft_tool": s["tool_share"], "grpo_tool": g["tool_share"]}
             for (label, _, _), b, s, g in zip(SETS, base, sft, grpo, strict=True)]
     table = Table(title="rlkit calculator agent: SmolLM2-135M-Instruct, base -> SFT warm-up -> GRPO "
-                        "(greedy accuracy; tool = episodes calling the calculator)")
+                        "(greedy accuracy [95% Wilson interval]; tool = episodes calling the calculator)",
+                  caption=GAIN_CAPTION)
     for col in ("held-out set", "n", "base", "after SFT", "after GRPO", "GRPO - SFT", "GRPO - base",
                 "tool base -> SFT -> GRPO"):
         table.add_column(col, justify="left" if col == "held-out set" else "right")
     for r in rows:
-        table.add_row(r["set"], str(r["n"]), f"{r['base']:.3f}", f"{r['sft']:.3f}", f"{r['grpo']:.3f}",
-                      f"{r['grpo'] - r['sft']:+.3f}", f"{r['grpo'] - r['base']:+.3f}",
+        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[k], r["n"], r[f"{k}_interval"])
+                                              for k in ("base", "sft", "grpo")),
+                      show_diff(r["grpo_minus_sft"]), show_diff(r["grpo_minus_base"]),
                       f"{r['base_tool']:.2f} -> {r['sft_tool']:.2f} -> {r['grpo_tool']:.2f}")
     console.print(table)
     return stages.finish(rows, output_dir)

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+GAIN_CAPTION = ("gain: the paired difference on the same problems, its 95% bootstrap interval and exact McNemar "
+                "p; * = significant at 5%")
+
 
 def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
     """Before any work: each (recipe, overrides) loads and builds its TRL config, and ``output_dir`` is a

@@ -61,13 +61,16 @@ def checks(ctx: Context) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
     recipe = ctx.recipe
     if not recipe.rewards:
         return [], {}
+    out, specs = _judges(recipe.rewards)
+    if any(c.verdict == "fail" for c in out) or not specs:
+        return out, {}
     rows = ctx.scored_rows
     if rows is None or "answer" not in rows.column_names:
-        return [Check(F, "reward card", "skip", "no prompt rows with gold answers to score")], {}
+        return [*out, Check(F, "reward card", "skip", "no prompt rows with gold answers to score")], {}
     from rlkit.rewards import resolve_reward
 
     thinking = _thinking(recipe)
-    funcs = [(r.name.rpartition(":")[2], r.weight, resolve_reward(r.name, r.args)) for r in recipe.rewards]
+    funcs = [(r.name.rpartition(":")[2], r.weight, resolve_reward(r.name, r.args)) for r in specs]
     conversational = isinstance(rows[0]["prompt"], list)
     columns = {c: rows[c] for c in rows.column_names if c != "prompt"}
     answers = [str(a) for a in rows["answer"]]
@@ -76,7 +79,6 @@ def checks(ctx: Context) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
     def wrap(texts: list[str]) -> list:
         return [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
 
-    out: list[Check] = []
     failed: set[str] = set()
 
     def call(name: str, func: Any, texts: list[str], label: str) -> list[float] | None:
@@ -106,7 +108,7 @@ def checks(ctx: Context) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
                              "return finite floats (or None to skip a completion)"))
             failed.add(name)
             return None
-        if seconds > BUDGET_S:
+        if seconds > BUDGET_S and name not in REMOTE:  # a judge's time is the network's; it has its own timeout
             out.append(Check(F, f"{name}: {label}", "fail", f"took {seconds:.2f}s for {len(texts)} completions "
                              f"(budget {BUDGET_S:.0f}s)", "make the reward linear in the completion length"))
             failed.add(name)
@@ -145,6 +147,34 @@ def checks(ctx: Context) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
         out.append(_total_verdict(gold_total, {label: s["__total__"] for label, s in scores.items()
                                                if "__total__" in s}))
     return out, {"reward card": table}
+
+
+REMOTE = ("judge", "rank")  # rewards that call an endpoint (rlkit.rewards.judge)
+
+
+def _judges(rewards: list) -> tuple[list[Check], list]:
+    """One request to each judge endpoint first: an unreachable judge is one blocking line, not a card of
+    timeouts. ``rank`` scores a prompt's completions against each other, so the card (one probe per prompt)
+    cannot score it: it is reported and left out of the card."""
+    from rlkit.rewards.judge import settings_of
+    from rlkit.rewards.judge_client import preflight
+
+    out, specs = [], []
+    for spec in rewards:
+        if spec.name in REMOTE:
+            try:
+                preflight(settings_of(spec.args or {}))
+            except UserError as e:
+                out.append(Check(F, f"{spec.name}: endpoint", "fail", str(e), "start the judge server or fix its args"))
+                continue
+            out.append(Check(F, f"{spec.name}: endpoint", "ok", f"{spec.args['endpoint']} answers as "
+                             f"{spec.args['model']!r}"))
+        if spec.name == "rank":
+            out.append(Check(F, "rank", "skip", "a relative reward: it scores each prompt's group of completions "
+                             "against each other in training; the card's probes come one per prompt"))
+            continue
+        specs.append(spec)
+    return out, specs
 
 
 def gold_totals(recipe: Recipe, rows: Any) -> list[float]:

@@ -17,7 +17,10 @@ from rlkit.errors import UserError
 from rlkit.evaluate.agent import evaluate_agent
 from rlkit.evaluate.results import default_out, journal, write_results
 from rlkit.evaluate.reward_model import evaluate_reward_model
+from rlkit.evaluate.sampled import check as check_samples
+from rlkit.evaluate.sampled import sample_task
 from rlkit.inference.reference import resolve_target
+from rlkit.stats import wilson
 
 if TYPE_CHECKING:
     from rlkit.recipe import Recipe
@@ -33,12 +36,17 @@ def evaluate(
     overrides: list[str] | None = None,
     show_progress: bool = True,
     resume: bool = False,
+    samples: int | None = None,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...).
 
     Each example (each trajectory, for an agent) is appended to a JSONL file next to the results as it
-    finishes; ``resume`` continues after the ones a killed eval wrote.
+    finishes; ``resume`` continues after the ones a killed eval wrote. ``samples`` K adds pass@k, avg@k
+    and maj@k from K samples per problem at ``temperature`` (:mod:`rlkit.evaluate.sampled`).
     """
+    check_samples(samples, temperature)
+    sampling = {"samples": samples, "temperature": temperature if temperature is not None else 1.0}
     if out is not None:  # before any model loads: never a results file rlkit did not write
         safety.check_target(out, "--out")
         if Path(out).exists():
@@ -48,18 +56,22 @@ def evaluate(
         raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
     if recipe.env is not None:
         return evaluate_agent(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress,
-                              resume=resume)
+                              resume=resume, **sampling)
     if recipe.algorithm == "reward":
+        if samples:
+            raise UserError(f"{target}: --samples does not apply to a reward model (it scores pairs, not samples)")
         return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
     from rlkit.data import Scored, get_task
 
     if not isinstance(get_task(recipe.data.task), Scored):
         raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
-    return evaluate_task(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress, resume=resume)
+    return evaluate_task(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress, resume=resume,
+                         **sampling)
 
 
 def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
-                  out: str | Path | None, show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
+                  out: str | Path | None, show_progress: bool = True, resume: bool = False,
+                  samples: int | None = None, temperature: float = 1.0) -> dict[str, Any]:
     """Accuracy of greedy completions, checked by the task's answer rule; the examples in row order."""
     from rlkit.data import get_task, load_rows, task_rows
     from rlkit.inference.generate import generate
@@ -89,11 +101,15 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
                  show_progress=show_progress, on_batch=write_batch)
         elapsed = time.time() - started
         examples = jsonl.read_records(sink.path)
+        correct = sum(e["correct"] for e in examples)
         results = {
             "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
-            "accuracy": sum(e["correct"] for e in examples) / len(examples), "seconds": round(elapsed, 2),
-            "examples": examples,
+            "accuracy": correct / len(examples), "interval": list(wilson(correct, len(examples))),
+            "seconds": round(elapsed, 2), "examples": examples,
         }
+        if samples:
+            results["samples"] = sample_task(recipe, lm, tokenizer, task, rows, path, k=samples,
+                                             temperature=temperature, resume=resume, show_progress=show_progress)
         return write_results(results, path)
 
 

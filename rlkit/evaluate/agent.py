@@ -11,13 +11,15 @@ from rlkit import safety
 from rlkit.agents.policies import make_policy
 from rlkit.agents.rollout import TRAJECTORY_KEYS, episode_rows, in_row_order, play
 from rlkit.evaluate.results import default_out, journal, write_results
+from rlkit.evaluate.sampled import sample_agent
 
 if TYPE_CHECKING:
     from rlkit.recipe import Recipe
 
 
 def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
-                   out: str | Path | None, show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
+                   out: str | Path | None, show_progress: bool = True, resume: bool = False,
+                   samples: int | None = None, temperature: float = 1.0) -> dict[str, Any]:
     """Accuracy, EM, F1 and evidence recall, overall and per question type; the results JSON's path."""
     from rlkit.analyze import analyze
     from rlkit.data import env_factory
@@ -34,8 +36,12 @@ def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, l
         report = analyze(trajectories)
         overall = report["answers"]["all"]
         results = {"recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(records),
-                   "accuracy": overall["accuracy"], "em": overall["em"], "f1": overall["f1"],
+                   "accuracy": overall["accuracy"],
+                   "interval": overall["intervals"].get("accuracy"), "em": overall["em"], "f1": overall["f1"],
                    "evidence_recall": overall.get("evidence_recall"),
                    "by_question_type": report["answers"], "seconds": round(time.time() - started, 2),
                    "trajectories": str(trajectories)}
+        if samples:  # K episodes per problem, played together (rlkit.evaluate.sampled)
+            results["samples"] = sample_agent(recipe, policy, rows, make_env, results_path, k=samples,
+                                              temperature=temperature, resume=resume, show_progress=show_progress)
         return write_results(results, results_path)

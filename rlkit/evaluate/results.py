@@ -48,3 +48,22 @@ def write_results(results: dict[str, Any], path: Path) -> dict[str, Any]:
 def default_out(name: str, run_dir: Path | None, label: str) -> Path:
     """``RUN/eval/<model>.json`` for a run, ``evals/<recipe>/<model>.json`` for a recipe."""
     return (run_dir / "eval" if run_dir else Path("evals") / name) / f"{model_tag(label)}.json"
+
+
+def per_problem(results: dict[str, Any]) -> list[float]:
+    """Each problem's score in row order: an example's ``correct`` (a task eval) or an episode's accuracy
+    (an agent eval's trajectories, which it rewrote in row order; an episode without one scores 0)."""
+    from rlkit import jsonl
+
+    if "examples" in results:
+        return [float(e["correct"]) for e in results["examples"]]
+    return [float((r.get("metrics") or {}).get("accuracy") or 0.0)
+            for r in jsonl.read_records(Path(results["trajectories"]))]
+
+
+def gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """after - before on the same problems: the difference, its 95% interval, the p-value and whether it is
+    significant (:func:`rlkit.stats.paired`: exact McNemar for right/wrong)."""
+    from rlkit.stats import paired
+
+    return paired(per_problem(before), per_problem(after))

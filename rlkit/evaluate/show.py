@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkit.evaluate.sampled import print_sampled
+from rlkit.stats import show_accuracy
+
 
 def print_eval(results: dict[str, Any]) -> None:
     """Accuracy of a task eval (or a reward model), or an agent eval's table per question type."""
@@ -14,12 +17,16 @@ def print_eval(results: dict[str, Any]) -> None:
         print_agent_eval(results)
         return
     table = Table(title=f"eval: {results['recipe']} ({results['task']})")
-    for col in ("model", "examples", "accuracy", "seconds"):
+    for col in ("model", "examples", "accuracy [95% interval]", "seconds"):
         table.add_column(col, justify="left" if col == "model" else "right")
-    table.add_row(results["model"], str(results["n"]), f"{results['accuracy']:.3f}", f"{results['seconds']:.1f}")
+    table.add_row(results["model"], str(results["n"]), show_accuracy(results["accuracy"], results["n"],
+                                                                     results.get("interval")),
+                  f"{results['seconds']:.1f}")
     console = Console()
     console.print(table)
     console.print(f"per-example predictions: {results['path']}")
+    if "samples" in results:
+        print_sampled(results, console)
 
 
 def print_agent_eval(results: dict[str, Any]) -> None:
@@ -32,12 +39,14 @@ def print_agent_eval(results: dict[str, Any]) -> None:
     for col in ("question type", "n", "accuracy", "EM", "F1", *(["evidence recall"] if evidence else [])):
         table.add_column(col, justify="left" if col == "question type" else "right")
 
-    def cell(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"  # GSM8K has no F1
+    def cell(row: dict[str, Any], key: str) -> str:  # with its 95% interval; "-" where absent (GSM8K has no F1)
+        return show_accuracy(row.get(key), None, (row.get("intervals") or {}).get(key))
 
     for name, row in results["by_question_type"].items():
-        recall = [cell(row.get("evidence_recall"))] if evidence else []
-        table.add_row(name, str(row["n"]), cell(row["accuracy"]), cell(row["em"]), cell(row["f1"]), *recall)
+        recall = [cell(row, "evidence_recall")] if evidence else []
+        table.add_row(name, str(row["n"]), cell(row, "accuracy"), cell(row, "em"), cell(row, "f1"), *recall)
     console = Console()
     console.print(table)
     console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")
+    if "samples" in results:
+        print_sampled(results, console)

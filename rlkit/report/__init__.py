@@ -21,6 +21,7 @@ from typing import Any
 from rlkit import runs, secrets
 from rlkit.errors import UserError
 from rlkit.report.charts import CHARTS, atomic_write, finite_number, fmt, series
+from rlkit.stats import show_accuracy
 
 PLOTS = "plots"
 REPORT = "report.md"
@@ -89,7 +90,7 @@ def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:
         if isinstance(result, dict) and finite_number(result.get("accuracy")) is not None:
             out.append({"file": path.name, "model": str(result.get("model", path.stem)), "n": result.get("n"),
                         "metric": str(result.get("metric", "accuracy")), "accuracy": result["accuracy"],
-                        "seconds": result.get("seconds"), "by_question_type": result.get("by_question_type") or {}})
+                        "interval": result.get("interval"), "seconds": result.get("seconds"), "by_question_type": result.get("by_question_type") or {}})
     return out
 
 
@@ -137,11 +138,12 @@ def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
     lines += [f"| `{r['metric']}` | {fmt(r['first'])} | {fmt(r['last'])} | {fmt(r['min'])} | {fmt(r['max'])} "
               f"| {r['steps']} |" for r in s["rows"]]
     if s["evals"]:
-        lines += ["", "## Evaluations", "", "| model | n | accuracy | seconds | file |", "|---|---|---|---|---|"]
+        lines += ["", "## Evaluations", "", "| model | n | accuracy [95% interval] | seconds | file |",
+                  "|---|---|---|---|---|"]
         for e in s["evals"]:
-            lines.append(f"| `{e['model']}` | {fmt(e['n'])} | {fmt(e['accuracy'])} | {fmt(e['seconds'])} "
+            lines.append(f"| `{e['model']}` | {fmt(e['n'])} | {_accuracy(e)} | {fmt(e['seconds'])} "
                          f"| `eval/{e['file']}` |")
-            lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {fmt(row.get('accuracy'))} | | |"
+            lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {_accuracy(row)} | | |"
                       for kind, row in e["by_question_type"].items() if isinstance(row, dict)]
     lines += ["", "## Charts"]
     for c in charts:
@@ -162,8 +164,16 @@ def render(summary: dict[str, Any], console: Any) -> None:
     console.print(table)
     if summary["evals"]:
         evals = Table(title="evaluations", title_justify="left")
-        for i, column in enumerate(("model", "n", "accuracy")):
+        for i, column in enumerate(("model", "n", "accuracy [95% interval]")):
             evals.add_column(column, justify="left" if i == 0 else "right")
         for e in summary["evals"]:
-            evals.add_row(escape(e["model"]), fmt(e["n"]), fmt(e["accuracy"]))
+            evals.add_row(escape(e["model"]), fmt(e["n"]), _accuracy(e))
         console.print(evals)
+
+
+def _accuracy(row: dict[str, Any]) -> str:
+    """The accuracy with its 95% interval: the one the eval recorded, else Wilson's from n (older results files)."""
+    accuracy = finite_number(row.get("accuracy"))
+    bounds = row.get("interval") or (row.get("intervals") or {}).get("accuracy")
+    valid = isinstance(bounds, list) and len(bounds) == 2 and all(finite_number(b) is not None for b in bounds)
+    return show_accuracy(accuracy, row.get("n"), bounds if valid else None)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from rlkit.errors import UserError
 from rlkit.registry import Registry, did_you_mean
+from rlkit.rewards.judge import judge, rank
 from rlkit.rewards.math import answer_format, gsm8k_correct
 from rlkit.rewards.qa import qa_correct
 from rlkit.rewards.think import short_think, think_format
@@ -34,6 +35,8 @@ REWARDS: Registry[Reward] = Registry("reward", {
     "answer_format": answer_format,  # args `form: gsm8k` (default) or `form: answer_tag` (QA)
     "think_format": think_format,  # args `partial: true` for the share of well-formed turns
     "short_think": short_think,  # args `max_tokens`, `min_tokens`, `empty_score`, `tokenizer`
+    "judge": judge,  # an LLM judge through an OpenAI-compatible endpoint: args `endpoint`, `model`, ... (judge.py)
+    "rank": rank,  # RULER-style relative scores of each prompt's group of completions (judge.py)
 }, also=", or package.module:function")
 
 
@@ -84,7 +87,7 @@ def _check_args(name: str, func: Callable, args: dict) -> None:
             raise UserError(f"args.{key}: reward {name!r} {what}{hint}; its settings: {', '.join(settings) or 'none'}")
     if name in REWARDS:
         # rlkit's rewards check their settings before reading any completion: an empty batch shows a bad value.
-        required = {p: [] for p in columns if p != "completions"}
+        required = {p: [] for p in columns if p not in ("completions", "prompts")}
         try:
             func(prompts=[], completions=[], **required, **args)
         except ValueError as e:

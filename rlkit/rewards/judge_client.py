@@ -1,0 +1,244 @@
+"""The judge rewards' client: an OpenAI-compatible chat-completions endpoint called through ``openai``, with
+bounded concurrency, a total deadline per request, retries, a response cache on disk and per-batch metrics.
+
+- **Deadline and retries.** Every request must complete within ``timeout`` seconds (``asyncio.wait_for``:
+  the client's own timeout bounds each read only). Connection errors, the deadline, 429, 5xx and a reply
+  the judge's parser rejects are retried up to ``max_retries`` times with exponential backoff. A wrong
+  URL path, model or key (400/401/403/404) would fail every request the same way: it stops at once.
+- **Cache.** Each parsed answer is appended to a JSONL file keyed by a hash of (judge model, rubric,
+  prompt, completion(s), reference), so a rerun (or the doctor's probes, or an eval after training)
+  costs no request. The file is the truth; it is read once per process.
+- **The key** comes from the environment variable the recipe names (``api_key_env``), never from the
+  recipe itself, so nothing secret reaches ``recipe.resolved.yaml`` or the run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlkit import secrets
+from rlkit.cache import cache_dir
+from rlkit.errors import UserError
+
+log = logging.getLogger("rlkit")
+DEFAULT_KEY_ENV = "RLKIT_JUDGE_API_KEY"
+PREFLIGHT = "Reply with the word OK."
+_LOADED: dict[Path, dict[str, Any]] = {}  # each cache file, read once per process (the file is the truth)
+
+
+class Malformed(Exception):
+    """A judge reply the parser cannot read (retried like a transport failure)."""
+
+
+@dataclass
+class Stats:
+    """What one batch of judge calls cost: requests sent, cache hits, retries, failures, seconds per request."""
+
+    requests: int = 0
+    cached: int = 0
+    retries: int = 0
+    failures: int = 0
+    seconds: list[float] = field(default_factory=list)
+    last_error: str = ""
+
+    def metrics(self) -> dict[str, float]:
+        latency = sum(self.seconds) / len(self.seconds) if self.seconds else 0.0
+        return {"requests": self.requests, "cache_hits": self.cached, "retries": self.retries,
+                "failures": self.failures, "latency_s": latency}
+
+
+@dataclass(frozen=True)
+class Settings:
+    endpoint: str
+    model: str
+    api_key_env: str = DEFAULT_KEY_ENV
+    concurrency: int = 8
+    timeout: float = 60.0
+    max_retries: int = 3
+    backoff: float = 0.5
+    max_tokens: int = 256
+    cache: str | bool = True
+
+    def check(self) -> None:
+        """Refuse impossible settings (ValueError: rlkit.rewards turns it into a one-line ``args:`` error)."""
+        if not self.endpoint or not str(self.endpoint).startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must be an http(s) URL such as http://localhost:8000/v1, not {self.endpoint!r}")
+        if not self.model:
+            raise ValueError("model: name the judge model the endpoint serves (it is part of the cache key)")
+        if self.concurrency < 1 or self.timeout <= 0 or self.max_retries < 0 or self.max_tokens < 1:
+            raise ValueError("concurrency and max_tokens must be >= 1, timeout > 0 and max_retries >= 0")
+
+    def api_key(self) -> str:
+        key = os.environ.get(self.api_key_env)
+        if key is None and self.api_key_env != DEFAULT_KEY_ENV:
+            raise UserError(f"judge: environment variable {self.api_key_env} (api_key_env) is not set; export the "
+                            "judge's API key there")
+        secrets.register(key)  # masked in logs and errors from here on
+        return key or "EMPTY"  # a local vLLM server takes any key
+
+    def cache_path(self) -> Path | None:
+        if self.cache is False:
+            return None
+        return Path(self.cache) if isinstance(self.cache, str) else cache_dir() / "judge" / "responses.jsonl"
+
+
+def cache_key(settings: Settings, *parts: Any) -> str:
+    return hashlib.sha256(json.dumps([settings.model, *parts], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _cache(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    if path not in _LOADED:
+        entries: dict[str, Any] = {}
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line torn by a killed run: that answer is asked again
+                    continue
+                if isinstance(record, dict) and "key" in record:
+                    entries[record["key"]] = record.get("value")
+        _LOADED[path] = entries
+    return _LOADED[path]
+
+
+Job = tuple[str, list[dict[str, str]], Callable[[str], Any]]
+
+
+def ask(settings: Settings, jobs: list[Job]) -> tuple[list[Any], Stats]:
+    """Each job's parsed answer (``None`` where every try failed) and the batch's :class:`Stats`.
+
+    ``jobs`` are ``(cache key, chat messages, parse)``; ``parse(reply text)`` returns the value or raises
+    :class:`Malformed`. Cached answers are returned without a request.
+    """
+    path = settings.cache_path()
+    cache = _cache(path)
+    stats = Stats()
+    results: list[Any] = [None] * len(jobs)
+    todo = []
+    for i, (key, messages, parse) in enumerate(jobs):
+        if key in cache:
+            results[i] = cache[key]
+            stats.cached += 1
+        else:
+            todo.append((i, key, (messages, parse)))
+    if todo:
+        answers = _run(_ask_all(settings, [job for _, _, job in todo], stats))
+        fresh = []
+        for (i, key, _), value in zip(todo, answers, strict=True):
+            results[i] = value
+            if value is not None:
+                cache[key] = value
+                fresh.append({"key": key, "value": value})
+        if path is not None and fresh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a+b") as f:
+                # After a run killed mid-line, start on a fresh line (the torn one is skipped on reading).
+                torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END) or f.read(1) != b"\n")
+                f.write(("\n" if torn else "").encode() + "".join(json.dumps(r) + "\n" for r in fresh).encode())
+    return results, stats
+
+
+def _run(coroutine: Any) -> Any:
+    """``asyncio.run``, or in a worker thread when this thread already runs an event loop (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+async def _ask_all(settings: Settings, batch: list[tuple[list[dict[str, str]], Callable[[str], Any]]],
+                   stats: Stats) -> list[Any]:
+    import openai
+
+    # A client per batch: an httpx pool must not outlive the event loop it was made in.
+    client = openai.AsyncOpenAI(base_url=settings.endpoint, api_key=settings.api_key(),
+                                timeout=settings.timeout + 5, max_retries=0)
+    gate = asyncio.Semaphore(settings.concurrency)
+
+    async def one(messages: list[dict[str, str]], parse: Callable[[str], Any]) -> Any:
+        async with gate:
+            return await _ask_one(client, settings, messages, parse, stats)
+
+    try:
+        return await asyncio.gather(*(one(m, p) for m, p in batch))
+    finally:
+        await client.close()
+
+
+async def _ask_one(client: Any, settings: Settings, messages: list[dict[str, str]], parse: Callable[[str], Any],
+                   stats: Stats) -> Any:
+    import openai
+
+    fatal = (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError, openai.BadRequestError)
+    for attempt in range(settings.max_retries + 1):
+        if attempt:
+            stats.retries += 1
+            await asyncio.sleep(min(settings.backoff * 2 ** (attempt - 1), 8.0))
+        started = time.perf_counter()
+        stats.requests += 1
+        try:
+            response = await asyncio.wait_for(client.chat.completions.create(
+                model=settings.model, messages=messages, temperature=0.0, max_completion_tokens=settings.max_tokens),
+                settings.timeout)
+            text = (response.choices[0].message.content or "") if response.choices else ""
+            value = parse(text)
+        except fatal as e:  # every request would fail the same way
+            raise UserError(f"judge {settings.endpoint} (model {settings.model!r}): {type(e).__name__}: "
+                            f"{_message(e)}; check endpoint, model and the key in ${settings.api_key_env}") from None
+        except TimeoutError:
+            stats.last_error = f"no complete reply within {settings.timeout:g}s"
+        except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError,
+                openai.UnprocessableEntityError, openai.APIResponseValidationError) as e:
+            stats.last_error = f"{type(e).__name__}: {_message(e)}"
+        except Malformed as e:
+            stats.last_error = f"malformed reply: {e}"
+        else:
+            stats.seconds.append(time.perf_counter() - started)
+            return value
+        stats.seconds.append(time.perf_counter() - started)
+    stats.failures += 1
+    return None
+
+
+def _message(error: Exception) -> str:
+    text = str(getattr(error, "message", None) or error)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def preflight(settings: Settings) -> None:
+    """One tiny request: a dead endpoint, a wrong model or a missing key is a one-line UserError here."""
+    try:
+        settings.check()
+    except ValueError as e:
+        raise UserError(f"judge: {e}") from None
+    quick = Settings(**{**settings.__dict__, "max_tokens": 1, "max_retries": min(settings.max_retries, 1),
+                        "cache": False})
+    _, stats = ask(quick, [("", [{"role": "user", "content": PREFLIGHT}], str)])
+    if stats.failures:
+        raise UserError(f"judge {settings.endpoint} (model {settings.model!r}) cannot be reached: {stats.last_error}; "
+                        "start the judge server or fix `endpoint:` in the reward's args")
+
+
+def report(name: str, stats: Stats, log_metric: Callable[[str, float], None] | None) -> None:
+    """The batch's judge metrics through TRL's ``log_metric`` (training) or the log (eval, pairs, doctor)."""
+    metrics = stats.metrics()
+    if log_metric is not None:
+        for key, value in metrics.items():
+            log_metric(f"{name}/{key}", float(value))
+    log.info("%s: %d requests, %d cached, %d retries, %d failed, %.2fs per request", name, stats.requests,
+             stats.cached, stats.retries, stats.failures, metrics["latency_s"])

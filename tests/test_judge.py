@@ -1,0 +1,300 @@
+"""The `judge` and `rank` rewards against a scripted OpenAI-compatible server on localhost (real HTTP):
+verdicts, grades and group ranks; the cache; malformed replies, timeouts, a dead server; the doctor's
+preflight; and a 2-step GRPO run trained against the judge from YAML and an environment variable."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+from rlkit.errors import UserError
+from rlkit.rewards import resolve_reward
+from tests.scripted_server import ScriptedServer
+
+MODEL = "scripted-judge"
+
+
+def judged(body: dict) -> str:
+    """The scripted judge: right when the response's last `#### N` (or bare answer) equals the reference."""
+    text = body["messages"][-1]["content"]
+    reference = re.search(r"Reference answer: (.*)", text).group(1).split(" (also accepted: ")
+    accepted = {reference[0].strip(), *(reference[1].rstrip(")").split("; ") if len(reference) > 1 else [])}
+    response = text.split("Response:\n", 1)[1].rsplit("\n\nIs the response", 1)[0].rsplit("\n\nHow right", 1)[0]
+    answers = re.findall(r"####\s*(\S+)", response) or re.findall(r"<answer>(.*?)</answer>", response) or [
+        response.strip()]
+    return "VERDICT: CORRECT" if answers[-1] in accepted else "VERDICT: INCORRECT"
+
+
+def graded(body: dict) -> dict:
+    """Right: 1; otherwise a little credit for digits, so a random model's completions differ."""
+    if judged(body).endswith(" CORRECT"):
+        return {"content": "SCORE: 1"}
+    response = body["messages"][-1]["content"].split("Response:\n", 1)[1].rsplit("\n\nHow right", 1)[0]
+    share = sum(ch.isdigit() for ch in response) / max(len(response), 1)
+    return {"content": f"Mostly wrong.\nSCORE: {round(0.5 * share, 3)}"}
+
+
+def args(server: ScriptedServer, tmp_path, **more) -> dict:
+    return {"endpoint": server.url, "model": MODEL, "cache": str(tmp_path / "judge-cache.jsonl"),
+            "timeout": 5.0, "max_retries": 2, **more}
+
+
+def call(reward, completions, answers, **columns):
+    return reward(prompts=[[{"role": "user", "content": f"Question {i}?"}] for i in range(len(completions))],
+                  completions=completions, answer=answers, **columns)
+
+
+def test_judge_verdicts_aliases_cache_and_metrics(tmp_path):
+    with ScriptedServer(lambda body: {"content": "Reasoning...\n" + judged(body)}, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, concurrency=3))
+        logged: list[tuple[str, float]] = []
+        texts = ["2 + 2 = 4\n#### 4", "#### 5", "<answer>four</answer>", "I give up"]
+        values = call(reward, texts, ["4", "4", "4", "4"], aliases=[None, None, ["four", "IV"], None],
+                      log_metric=lambda k, v: logged.append((k, v)))
+        assert values == [1.0, 0.0, 1.0, 0.0]
+        assert len(server.requests) == 4 and all(r["temperature"] == 0.0 for r in server.requests)
+        (alias,) = [r for r in server.requests if "also accepted" in r["messages"][0]["content"]]
+        assert "Reference answer: 4 (also accepted: four; IV)" in alias["messages"][0]["content"]
+        metrics = dict(logged)
+        assert metrics["judge/requests"] == 4 and metrics["judge/cache_hits"] == 0 and metrics["judge/failures"] == 0
+        assert 0 < metrics["judge/latency_s"] < 5
+        # A rerun (a new process reads the same file) costs nothing: every answer comes from the cache.
+        from rlkit.rewards import judge_client
+
+        judge_client._LOADED.clear()
+        logged.clear()
+        assert call(reward, texts, ["4"] * 4, aliases=[None, None, ["four", "IV"], None],
+                    log_metric=lambda k, v: logged.append((k, v))) == values
+        assert len(server.requests) == 4 and dict(logged)["judge/cache_hits"] == 4
+        cache = tmp_path / "judge-cache.jsonl"
+        assert len(cache.read_text().splitlines()) == 4
+        # A run killed mid-line leaves a torn last line: it is skipped, and the next answers start a fresh line.
+        cache.write_text(cache.read_text() + '{"key": "torn')
+        judge_client._LOADED.clear()
+        assert call(reward, ["#### 9"], ["9"]) == [1.0] and len(server.requests) == 5
+        judge_client._LOADED.clear()
+        assert call(reward, ["#### 9"], ["9"]) == [1.0] and len(server.requests) == 5
+        assert len(cache.read_text().splitlines()) == 6
+
+
+def test_graded_judge_and_a_replaced_rubric(tmp_path):
+    with ScriptedServer(graded, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, graded=True))
+        values = call(reward, ["#### 7", "12 apples, 3 left", "no"], ["7", "9", "9"])
+        assert values[0] == 1.0 and values[1] == pytest.approx(0.5 * 3 / 17, abs=1e-3) and values[2] == 0.0
+    rubric = "Q: {question}\nGold: {reference}\nSaid: {completion}\nVERDICT?"
+    with ScriptedServer(lambda body: {"content": "VERDICT: CORRECT"}, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, rubric=rubric))
+        assert call(reward, ["#### 3"], ["3"]) == [1.0]
+        assert server.requests[0]["messages"][0]["content"] == "Q: Question 0?\nGold: 3\nSaid: #### 3\nVERDICT?"
+    with pytest.raises(UserError, match=r"rubric: cannot fill it.*\{question\}, \{reference\}, \{completion\}"):
+        resolve_reward("judge", {"endpoint": "http://localhost:1/v1", "model": MODEL, "rubric": "{gold}"})
+
+
+def test_malformed_replies_are_retried_then_stop_or_skip_as_the_recipe_says(tmp_path):
+    replies = iter(["I think it's fine", "VERDICT: CORRECT"])
+    with ScriptedServer(lambda body: {"content": next(replies)}, model=MODEL) as server:
+        logged: list = []
+        reward = resolve_reward("judge", args(server, tmp_path))
+        assert call(reward, ["#### 1"], ["1"], log_metric=lambda k, v: logged.append((k, v))) == [1.0]
+        assert len(server.requests) == 2 and dict(logged)["judge/retries"] == 1
+    with ScriptedServer(lambda body: {"content": "Looks right to me."}, model=MODEL) as server:
+        stop = resolve_reward("judge", args(server, tmp_path, max_retries=1, cache=False))
+        with pytest.raises(UserError, match=r"1 of 1 judge requests .* failed after 1 retries \(last: malformed reply: "
+                                            r"no 'VERDICT: CORRECT/INCORRECT' line.*stopped rather than pay"):
+            call(stop, ["#### 1"], ["1"])
+        assert len(server.requests) == 2
+    with ScriptedServer(lambda body: {"content": "VERDICT: CORRECT" if "#### 1" in body["messages"][0]["content"]
+                                      else "hmm"}, model=MODEL) as server:
+        skip = resolve_reward("judge", args(server, tmp_path, max_retries=1, on_failure="skip"))
+        assert call(skip, ["#### 1", "#### 2"], ["1", "2"]) == [1.0, None]  # unscored, never paid 0
+        assert len(server.requests) == 2  # "#### 1" was cached by the first server; "#### 2" tried twice
+        stop = resolve_reward("judge", args(server, tmp_path, max_retries=0, cache=False))
+        with pytest.raises(UserError, match=r"1 of 2 judge requests"):
+            call(stop, ["#### 1", "#### 2"], ["1", "2"])
+
+
+def test_a_judge_past_its_deadline_is_retried_then_stops(tmp_path):
+    with ScriptedServer(lambda body: {"sleep": 2.0, "content": "VERDICT: CORRECT"}, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, timeout=0.2, max_retries=1))
+        started = time.perf_counter()
+        with pytest.raises(UserError, match=r"failed after 1 retries \(last: no complete reply within 0.2s\)"):
+            call(reward, ["#### 1"], ["1"])
+        assert time.perf_counter() - started < 1.8  # two deadlines and a backoff, not the server's 2 s each
+        # a server that trickles its answer byte by byte is cut off by the same total deadline
+    with ScriptedServer(lambda body: {"trickle": 0.05, "content": "VERDICT: CORRECT"}, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, timeout=0.5, max_retries=0))
+        with pytest.raises(UserError, match="no complete reply within 0.5s"):
+            call(reward, ["#### 1"], ["1"])
+
+
+def test_a_server_that_dies_mid_run_stops_the_run_and_fails_the_preflight(tmp_path):
+    from rlkit.rewards.judge import settings_of
+    from rlkit.rewards.judge_client import preflight
+
+    server = ScriptedServer(lambda body: {"content": judged(body)}, model=MODEL).__enter__()
+    reward = resolve_reward("judge", args(server, tmp_path, max_retries=1))
+    assert call(reward, ["#### 1"], ["1"]) == [1.0]
+    preflight(settings_of(args(server, tmp_path)))
+    server.__exit__(None, None, None)
+    with pytest.raises(UserError, match=r"failed after 1 retries \(last: APIConnectionError"):
+        call(reward, ["#### 2"], ["2"])
+    with pytest.raises(UserError, match=f"judge {re.escape(server.url)} .* cannot be reached: APIConnectionError"):
+        preflight(settings_of(args(server, tmp_path)))
+
+
+def test_a_wrong_model_or_missing_key_stops_at_once(tmp_path, monkeypatch):
+    with ScriptedServer(lambda body: {"content": "VERDICT: CORRECT"}, model=MODEL) as server:
+        reward = resolve_reward("judge", {**args(server, tmp_path), "model": "other-judge"})
+        with pytest.raises(UserError, match="NotFoundError.*check endpoint, model and the key"):
+            call(reward, ["#### 1", "#### 2"], ["1", "2"])
+        assert len(server.requests) == 0  # the 404 is not retried (the scripted server, like vLLM, refuses it)
+        monkeypatch.delenv("MY_JUDGE_KEY", raising=False)
+        keyed = resolve_reward("judge", args(server, tmp_path, api_key_env="MY_JUDGE_KEY"))
+        with pytest.raises(UserError, match="environment variable MY_JUDGE_KEY"):
+            call(keyed, ["#### 1"], ["1"])
+        monkeypatch.setenv("MY_JUDGE_KEY", "sk-test-123")
+        assert call(keyed, ["#### 1"], ["1"]) == [1.0]
+        assert server.headers[-1]["authorization"] == "Bearer sk-test-123"
+
+
+def test_concurrency_is_bounded(tmp_path):
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def slow(body):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.2)
+        with lock:
+            state["now"] -= 1
+        return {"content": judged(body)}
+
+    with ScriptedServer(slow, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, concurrency=3, cache=False))
+        assert call(reward, [f"#### {i}" for i in range(9)], [str(i) for i in range(9)]) == [1.0] * 9
+    assert state["most"] == 3
+
+
+def test_rank_scores_each_group_relative_to_itself(tmp_path):
+    def ranker(body):
+        text = body["messages"][0]["content"]
+        n = len(re.findall(r"^Response \d+:", text, re.MULTILINE))
+        if "bad reply" in text and not ranker.retried:
+            ranker.retried = True
+            return {"content": '{"scores": [0.5]}'}  # the wrong count: retried
+        scores = [len(r) / 100 for r in re.findall(r"Response \d+:\n(.*)", text)][:n]
+        return {"content": "```json\n" + json.dumps({"scores": scores}) + "\n```"}
+
+    ranker.retried = False
+    with ScriptedServer(ranker, model=MODEL) as server:
+        reward = resolve_reward("rank", args(server, tmp_path))
+        prompts = [[{"role": "user", "content": "A"}]] * 3 + [[{"role": "user", "content": "B"}]] * 2 + [
+            [{"role": "user", "content": "C"}]]
+        completions = ["x" * 10, "x" * 30, "x" * 20, "bad reply", "bad reply, longer", "alone"]
+        values = reward(prompts=prompts, completions=completions)
+        assert values[:5] == pytest.approx([0.0, 1.0, 0.5, 0.0, 1.0])
+        assert values[5] is None  # one completion: nothing to rank it against
+        assert len(server.requests) == 3 and ranker.retried  # one request per group, plus the retry
+
+
+@pytest.fixture
+def judge_recipe(tmp_path):
+    def write(server_url: str) -> str:
+        path = tmp_path / "judge_grpo.yaml"
+        path.write_text(f"""
+name: judge_grpo
+algorithm: grpo
+model: {{name_or_path: rlkit/tiny-qwen3, backend: hf, dtype: float32, max_seq_length: 256}}
+lora: {{r: 8, alpha: 16, target_modules: all-linear}}
+data:
+  task: gsm8k
+  train: {{synthetic: 16, seed: 1, generator: {{max_value: 9, max_steps: 1}}}}
+rewards:
+  - name: judge
+    args: {{endpoint: "{server_url}", model: {MODEL}, api_key_env: TEST_JUDGE_KEY, graded: true,
+            cache: "{tmp_path / 'cache.jsonl'}"}}
+trainer: {{learning_rate: 1.0e-2, max_steps: 2, num_generations: 4, per_device_train_batch_size: 8,
+          max_completion_length: 16, temperature: 1.0, logging_steps: 1, save_steps: 2, seed: 0, report_to: none}}
+""")
+        return str(path)
+    return write
+
+
+def test_grpo_trains_two_steps_against_the_judge_from_yaml_and_an_environment_variable(tmp_path, judge_recipe,
+                                                                                       monkeypatch):
+    from rlkit.train import train
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-secret-judge-key")
+    with ScriptedServer(graded, model=MODEL) as server:
+        run = train(judge_recipe(server.url), output_dir=tmp_path / "run")
+    assert server.preflights and server.requests  # the doctor's preflight, then the card and training
+    assert all(h["authorization"] == "Bearer sk-secret-judge-key" for h in server.headers)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rewards/judge/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["judge/requests"] + r["judge/cache_hits"] == 8 and r["judge/failures"] == 0 for r in steps)
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    resolved = (run / "recipe.resolved.yaml").read_text()
+    assert "TEST_JUDGE_KEY" in resolved
+    assert not [p for p in run.rglob("*") if p.is_file() and b"sk-secret-judge-key" in p.read_bytes()]
+
+
+def test_an_unreachable_judge_fails_the_pre_launch_doctor_in_one_line(tmp_path, judge_recipe, monkeypatch):
+    from rlkit.doctor import run as doctor
+
+    monkeypatch.delenv("TEST_JUDGE_KEY", raising=False)
+    recipe = judge_recipe("http://127.0.0.1:9/v1")
+    for evidence in ("environment variable TEST_JUDGE_KEY (api_key_env) is not set", "cannot be reached"):
+        verdict = doctor(recipe, families=("rewards",), limit=2)
+        assert not verdict.go
+        (fail,) = [c for c in verdict.checks if c.verdict == "fail"]
+        assert fail.name == "judge: endpoint" and evidence in fail.evidence and "\n" not in fail.evidence
+        monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+
+
+def test_the_judge_works_inside_a_running_event_loop(tmp_path):
+    """A notebook already runs an event loop; the reward is still a plain synchronous call."""
+    import asyncio
+
+    with ScriptedServer(lambda body: {"content": judged(body)}, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path))
+
+        async def inside():
+            return call(reward, ["#### 3", "#### 4"], ["3", "3"])
+
+        assert asyncio.run(inside()) == [1.0, 0.0]
+
+
+def test_rlkit_pairs_and_ppo_score_with_the_judge(judge_recipe, monkeypatch):
+    """RewardSet (what `rlkit pairs` and PPO's rule-reward model call) pays the judge's grades."""
+    from rlkit.recipe import load_recipe
+    from rlkit.rewards import RewardSet
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    with ScriptedServer(graded, model=MODEL) as server:
+        rewards = RewardSet(load_recipe(judge_recipe(server.url)).rewards)
+        totals, per_reward = rewards(["What is 2+5?", "What is 1+1?"], ["#### 7", "#### 3"], answer=["7", "2"])
+    assert per_reward["judge"][0] == 1.0 and 0 <= per_reward["judge"][1] < 0.5 and totals == per_reward["judge"]
+
+
+def test_garbage_text_reaches_the_judge_intact(tmp_path):
+    """Braces, empty and None contents, odd gold values: the reward still asks the judge and returns floats."""
+    seen = []
+
+    def echo(body):
+        seen.append(body["messages"][0]["content"])
+        return {"content": "VERDICT: INCORRECT"}
+
+    completions = ["{0} {question} }{", "", [{"role": "assistant", "content": None}], "\x00\ud7ff" * 3]
+    with ScriptedServer(echo, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, cache=False))
+        assert call(reward, completions, [None, 3, "", "{x}"]) == [0.0] * 4
+        ranked = resolve_reward("rank", args(server, tmp_path, cache=False, on_failure="skip", max_retries=0))
+        assert ranked(prompts=["same"] * 4, completions=completions) == [None] * 4  # "VERDICT" is not JSON scores
+    assert any("Response:\n{0} {question} }{\n" in text for text in seen)
+    assert any("Reference answer: {x}" in text for text in seen)
