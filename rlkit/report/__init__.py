@@ -90,7 +90,8 @@ def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:
         if isinstance(result, dict) and finite_number(result.get("accuracy")) is not None:
             out.append({"file": path.name, "model": str(result.get("model", path.stem)), "n": result.get("n"),
                         "metric": str(result.get("metric", "accuracy")), "accuracy": result["accuracy"],
-                        "interval": result.get("interval"), "seconds": result.get("seconds"), "by_question_type": result.get("by_question_type") or {}})
+                        "interval": result.get("interval"), "seconds": result.get("seconds"),
+                        "by_question_type": result.get("by_question_type") or {}})
     return out
 
 

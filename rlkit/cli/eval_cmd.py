@@ -1,0 +1,45 @@
+"""``rlkit eval``: greedy pass@1 on a recipe's eval split, with sampled metrics (``--samples K``) or on every set of
+an eval suite (``--suite``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rlkit.cli.options import SetOpt, SmokeOpt
+from rlkit.errors import UserError
+
+
+def eval_(
+    target: str = typer.Argument(..., help="A recipe YAML or a run directory (with --suite also a model)."),
+    model: str = typer.Option(None, "--model", help="Merged model dir, base model id, adapter dir or run dir."),
+    limit: int = typer.Option(None, "--limit", min=1, help="Evaluate the first N eval examples."),
+    smoke: bool = SmokeOpt,
+    set_: list[str] = SetOpt,
+    out: Path = typer.Option(None, "--out", help="Results JSON (default RUN/eval/<model>.json)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed eval after the examples it wrote."),
+    suite: str = typer.Option(None, "--suite", help="A suite YAML or a shipped suite (arith, multihop): every set, "
+                              "base and trained side by side; --out is then a folder."),
+    base: str = typer.Option(None, "--base", help="With --suite: the base to compare with (default: the run's)."),
+    no_base: bool = typer.Option(False, "--no-base", help="With --suite: skip the base model."),
+    samples: int = typer.Option(None, "--samples", help="Also K samples per problem: pass@1, pass@K, avg@K, maj@K."),
+    temperature: float = typer.Option(None, "--temperature", help="Sampling temperature for --samples (default 1)."),
+) -> None:
+    """Greedy pass@1 accuracy on the recipe's eval split (on every set of a --suite; --samples K: sampled metrics)."""
+    if suite is not None:
+        from rlkit.cli.suite import eval_suite
+
+        if smoke or resume:
+            raise UserError("--suite evaluates whole sets: drop --smoke/--resume (use --limit N for a quick look)")
+        eval_suite(target, suite, model=model, base=base, no_base=no_base, limit=limit, out=out, overrides=set_ or [])
+        return
+    if samples is not None and suite is not None:
+        raise UserError("--samples works on one eval split; drop --suite, or drop --samples")
+    if base is not None or no_base:
+        raise UserError("--base/--no-base compare models on a --suite; add --suite NAME|FILE")
+    from rlkit.evaluate import evaluate
+    from rlkit.evaluate.show import print_eval
+
+    print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume,
+                        samples=samples, temperature=temperature))
