@@ -174,7 +174,8 @@ def _check_template(template: str, fields: tuple[str, ...]) -> None:
         template.format(**dict.fromkeys(fields, ""))
     except (KeyError, IndexError, ValueError) as e:
         raise ValueError(f"rubric: cannot fill it ({type(e).__name__}: {e}); it may use "
-                         f"{', '.join('{' + f + '}' for f in fields)} and must write other braces as {{{{ }}}}") from None
+                         f"{', '.join('{' + f + '}' for f in fields)} and must write other braces as "
+                         "{{ }}") from None
 
 
 def _parse_verdict(text: str) -> float:
