@@ -86,9 +86,8 @@ class Probe:
     def step_end(self) -> None:
         self._mark()
         self.in_step = False
-        self.steps[-1]["_step"] = {"seconds": time.perf_counter() - self.started,
-                                   "peak_bytes": max(v["peak_bytes"] for k, v in self.steps[-1].items() if k != "_begin"),
-                                   "calls": 1}
+        peak = max(v["peak_bytes"] for k, v in self.steps[-1].items() if k != "_begin")
+        self.steps[-1]["_step"] = {"seconds": time.perf_counter() - self.started, "peak_bytes": peak, "calls": 1}
 
     def wrap(self, owner: Any, attr: str, name: str | None) -> None:
         original = getattr(owner, attr)
