@@ -22,7 +22,7 @@ from rlkit.errors import Interrupted, UserError
 from rlkit.launch import is_main_process, rank_info
 from rlkit.recipe import Recipe, load_recipe
 from rlkit.tiny import resolve_model_id
-from rlkit.trainers import BUILDERS, trainer_config
+from rlkit.trainers import BUILDERS, cpu_memory, trainer_config
 from rlkit.vllm_serve import check_server_mode, prequantized
 
 if TYPE_CHECKING:
@@ -136,6 +136,8 @@ def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: b
 def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str, smoke: bool, source: str,
          checkpoint: Path | None, resume_command: str) -> Path:
     started = time.time()
+    if not cuda_available():  # RSS follows live tensors: the freed ones go back to the OS (see cpu_memory)
+        cpu_memory.keep_heap_small()
     trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint,
                                        config=config)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)

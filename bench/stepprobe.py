@@ -1,0 +1,147 @@
+"""Seconds and peak resident memory per phase of TRL's GRPO step, measured from outside TRL.
+
+`install()` wraps GRPOTrainer's own methods (class attributes, before the trainer is built) so that each
+call is a phase; a phase's time and peak RSS exclude the phases nested inside it. The peak is the kernel's
+high-water mark (`VmHWM`), reset at every phase boundary through `/proc/self/clear_refs` (Linux), so no
+sampling thread can miss a short spike. Steps are delimited by a trainer callback (`probe.callback()`).
+
+Phases (GRPOTrainer method -> name):
+- `_generate_single_turn`: generation (every model turn, the tool loop's included)
+- `_tool_call_loop`: tool turns, less their generation: env calls, re-templating, tokenizing results
+- `_generate`: prompt templating, tokenizing, padding around generation
+- `_calculate_rewards`: rewards
+- `_get_per_token_logps_and_entropies` without grad: old/reference log-probs; with grad: the loss forward
+- `_generate_and_score_completions`, `compute_loss`: the rest of scoring (advantages) and of the loss
+- `Accelerator.backward`: backward; the optimizer callbacks: optimizer step
+- anything else inside a step: rlkit and TRL bookkeeping (callbacks, logging, metrics)
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+OTHER = "other (callbacks, logging, rlkit bookkeeping)"
+NAMES = {"_generate_single_turn": "generation", "_tool_call_loop": "tool turns less generation (env calls)",
+         "_generate": "templating + padding around generation", "_calculate_rewards": "rewards",
+         "_generate_and_score_completions": "scoring rest (advantages, masks)", "compute_loss": "loss rest",
+         "backward": "backward", "optimizer": "optimizer step"}
+LOGPS = "_get_per_token_logps_and_entropies"
+NO_GRAD, WITH_GRAD = "old/ref log-probs (no grad)", "loss forward (log-probs with grad)"
+ORDER = [NAMES["_generate_single_turn"], NAMES["_tool_call_loop"], NAMES["_generate"], NAMES["_calculate_rewards"],
+         NO_GRAD, NAMES["_generate_and_score_completions"], WITH_GRAD, NAMES["compute_loss"], NAMES["backward"],
+         NAMES["optimizer"], OTHER]
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.steps: list[dict[str, dict[str, float]]] = []
+        self.stack: list[str] = []
+        self.last = time.perf_counter()
+        self.peak = 0
+        self.in_step = False
+
+    def _mark(self) -> None:
+        """Charge the time and peak since the last boundary to the innermost open phase."""
+        now, hwm = time.perf_counter(), _status("VmHWM")
+        self.peak = max(self.peak, hwm)
+        if self.in_step:
+            name = self.stack[-1] if self.stack else OTHER
+            slot = self.steps[-1].setdefault(name, {"seconds": 0.0, "peak_bytes": 0, "calls": 0})
+            slot["seconds"] += now - self.last
+            slot["peak_bytes"] = max(slot["peak_bytes"], hwm)
+        _reset_peak()
+        self.last = time.perf_counter()
+
+    def enter(self, name: str) -> None:
+        self._mark()
+        self.stack.append(name)
+
+    def exit(self) -> None:
+        self._mark()
+        name = self.stack.pop()
+        if self.in_step:
+            self.steps[-1][name]["calls"] += 1
+
+    def step_begin(self) -> None:
+        self._mark()
+        self.steps.append({"_begin": {"seconds": 0.0, "peak_bytes": _status("VmRSS"), "calls": 0}})
+        self.started = time.perf_counter()
+        self.in_step = True
+
+    def step_end(self) -> None:
+        self._mark()
+        self.in_step = False
+        peak = max(v["peak_bytes"] for k, v in self.steps[-1].items() if k != "_begin")
+        self.steps[-1]["_step"] = {"seconds": time.perf_counter() - self.started, "peak_bytes": peak, "calls": 1}
+
+    def wrap(self, owner: Any, attr: str, name: str | None) -> None:
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)
+        def wrapped(*args, **kwargs):
+            import torch
+
+            self.enter(name or (WITH_GRAD if torch.is_grad_enabled() else NO_GRAD))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.exit()
+
+        setattr(owner, attr, wrapped)
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        probe = self
+
+        class StepProbe(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                probe.step_begin()
+
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                probe.enter(NAMES["optimizer"])
+
+            def on_optimizer_step(self, args, state, control, **kwargs):
+                probe.exit()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                probe.step_end()
+
+        return StepProbe()
+
+
+def install() -> Probe:
+    """Wrap GRPOTrainer's phases and add the step callback to every GRPOTrainer built after this call."""
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
+
+    probe = Probe()
+    for attr in ("_generate_single_turn", "_tool_call_loop", "_generate", "_calculate_rewards",
+                 "_generate_and_score_completions", "compute_loss"):
+        probe.wrap(GRPOTrainer, attr, NAMES[attr])
+    probe.wrap(GRPOTrainer, LOGPS, None)
+    probe.wrap(Accelerator, "backward", NAMES["backward"])
+    init = GRPOTrainer.__init__
+
+    @functools.wraps(init)
+    def init_with_probe(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.add_callback(probe.callback())
+
+    GRPOTrainer.__init__ = init_with_probe
+    return probe

@@ -1,0 +1,63 @@
+"""GRPO memory on CPU (issue 31): freed tensors go back to the OS, and the memory switches change no number.
+
+The peaks themselves are measured by bench/grpo_step.py (bench/results/grpo_step.md), not here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.test_train import recipes_dir, run_two_steps
+
+CHURN = textwrap.dedent("""
+    import sys, torch
+    from rlkit.trainers.cpu_memory import keep_heap_small
+
+    def rss():
+        return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+
+    if sys.argv[1] == "pin":
+        assert keep_heap_small()
+    big = torch.ones(4 * 2**20)  # a 16 MB block, freed: unpinned glibc raises its mmap threshold past 4 MB
+    del big
+    before = rss()
+    blocks = [torch.ones(2**20) for _ in range(100)]  # 100 x 4 MB, like one step's activations
+    del blocks[:-1]  # freed, all but the newest
+    print(rss() - before)
+""")
+
+
+def _kept_after_free(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", CHURN, mode], capture_output=True, text=True, check=True,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_freed_tensors_leave_the_process_once_the_heap_is_kept_small():
+    assert _kept_after_free("default") > 300e6  # 99 freed 4 MB blocks stay resident
+    assert _kept_after_free("pin") < 30e6  # each was its own mapping, unmapped when freed
+
+
+def _two_steps(tmp_path, name, overrides):
+    (tmp_path / name).mkdir()
+    _, _, run_dir = run_two_steps(recipes_dir() / "gsm8k_grpo.yaml", tmp_path / name, overrides)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["loss"], r["reward"]) for r in rows if "loss" in r]
+
+
+def test_gradient_checkpointing_and_the_small_heap_leave_grpo_numbers_unchanged(tmp_path):
+    from rlkit.trainers.cpu_memory import keep_heap_small
+
+    plain = _two_steps(tmp_path, "plain", ["trainer.gradient_checkpointing=false"])
+    keep_heap_small()
+    lean = _two_steps(tmp_path, "lean", ["trainer.gradient_checkpointing=true"])
+    assert len(plain) == len(lean) == 2
+    for (loss_a, reward_a), (loss_b, reward_b) in zip(plain, lean, strict=True):
+        assert reward_a == reward_b
+        assert loss_b == pytest.approx(loss_a, rel=1e-3, abs=1e-6)
