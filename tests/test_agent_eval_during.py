@@ -24,6 +24,12 @@ def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_
     assert (tmp_path / "best" / "adapter_config.json").exists()
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "agent_eval/f1" in r][:1] == [2]
+    from rlkit.report import write_report
+
+    summary = write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert f"Step **{best['step']}**, kept in `best/`" in report and "agent_eval.png" in report
+    assert any(p.name == "agent_eval.png" for p in summary["plots"])
 
 
 def test_agent_eval_is_off_by_default_and_its_fields_are_strict():
