@@ -321,6 +321,11 @@ def build_trainer(recipe: Recipe, run_dir: Path, *, smoke: bool = False, source:
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(progress.training_callback(f"{recipe.algorithm} {recipe.name}"))
     trainer.add_callback(tracking.config_callback(trainer, resolved))
+    if recipe.eval.agent_every and recipe.algorithm == "grpo" and recipe.env is not None:
+        from rlkit.evaluate.during import agent_eval_callback
+
+        # First: its scores join the step's logs before metrics.jsonl and the trackers read them.
+        trainer.callback_handler.callbacks.insert(0, agent_eval_callback(recipe, run_dir, tokenizer, main=main))
     _require_trainable(getattr(trainer.model, "policy", trainer.model))  # PPO wraps policy + value model
     if main:
         runs.write_trainer_config(run_dir, trainer.args)

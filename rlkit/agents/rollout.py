@@ -29,14 +29,17 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
             limit: int | None = None, out: str | Path | None = None, sft_out: str | Path | None = None,
             temperature: float = 0.0, max_new_tokens: int | None = None, tool_timeout: float = 30.0,
             timeout: float = 120.0, retries: int = 2, smoke: bool = False, overrides: list[str] | None = None,
-            show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
-    """Run the recipe's agent on a split; append each finished episode to ``trajectories.jsonl`` (and the
-    successful ones as SFT rows at the end). ``resume`` plays only the rows ``out`` does not hold yet."""
+            show_progress: bool = True, resume: bool = False, oracle: bool = False) -> dict[str, Any]:
+    """Run the recipe's agent (or ``oracle``, the teacher of :mod:`rlkit.agents.oracle`) on a split; append each
+    finished episode to ``trajectories.jsonl`` (and the successful ones as SFT rows at the end).
+    ``resume`` plays only the rows ``out`` does not hold yet."""
     recipe, run_dir = resolve_target(target, overrides, smoke)
     if recipe.env is None:
         raise UserError(f"{target}: the recipe has no `env:` (tool environment), so there is nothing to roll out")
     if endpoint and (model or backend != "hf"):
         raise UserError("--endpoint generates on the server; drop --model/--backend")
+    if oracle and (endpoint or model or backend != "hf"):
+        raise UserError("--oracle is the teacher; drop --endpoint/--model/--backend")
     if sft_out is not None:
         safety.check_target(sft_out, "--sft-out")
         if Path(sft_out).exists():
@@ -53,9 +56,14 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
 
     # Data and environment (its index) first: a bad split or corpus fails before a model loads.
     rows, make_env = episode_rows(recipe, split, limit), env_factory(recipe)
-    policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
-                                served_model=served_model, backend=backend, temperature=temperature,
-                                max_new_tokens=max_new_tokens, timeout=timeout, retries=retries)
+    if oracle:
+        from rlkit.agents.oracle import OraclePolicy, oracle_gold
+
+        policy, label = OraclePolicy(oracle_gold(recipe, split, limit)), "oracle"
+    else:
+        policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
+                                    served_model=served_model, backend=backend, temperature=temperature,
+                                    max_new_tokens=max_new_tokens, timeout=timeout, retries=retries)
     path = Path(out) if out else _free_path(_default_dir(recipe.name, run_dir, label) / "trajectories.jsonl")
     with safety.hold(path):
         with safety.JsonlAppender(path, resume=resume, keys=TRAJECTORY_KEYS) as sink:

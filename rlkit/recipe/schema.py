@@ -199,6 +199,9 @@ class EnvSpec(Strict):
 class EvalSpec(Strict):
     max_new_tokens: int = Field(512, gt=0)
     batch_size: int = Field(32, gt=0)
+    agent_every: int | None = Field(None, gt=0, description="GRPO with an env: score the agent on held-out "
+                                    "questions every N steps, keep the best adapter (rlkit.evaluate.during)")
+    agent_limit: int = Field(20, gt=0, description="held-out questions per agent eval during training")
 
 
 class Recipe(Strict):

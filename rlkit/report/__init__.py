@@ -64,7 +64,8 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
                        "path": plots_dir / chart.file})
         keys += [key for key in drawn if key not in keys]
     table = [_row(key, rows) for key in keys]
-    summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals,
+    best = json.loads((run_dir / "best.json").read_text()) if (run_dir / "best.json").exists() else None
+    summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals, "best": best,
                "plots": [c["path"] for c in charts], "report": run_dir / REPORT,
                **_progress(recipe, rows, run_dir)}
     text = secrets.redact(_markdown(summary, charts))  # a token that found its way into a model path, say
@@ -146,6 +147,10 @@ def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
                          f"| `eval/{e['file']}` |")
             lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {_accuracy(row)} | | |"
                       for kind, row in e["by_question_type"].items() if isinstance(row, dict)]
+    if s.get("best"):
+        b = s["best"]
+        lines += ["", "## Best checkpoint (agent eval during training)", "",
+                  f"Step **{b['step']}**, kept in `best/`: {b['why']}. Every eval: `agent_eval.jsonl`."]
     lines += ["", "## Charts"]
     for c in charts:
         lines += ["", f"### {c['title']}", "", c["caption"], "", f"![{c['title']}]({PLOTS}/{c['file']})"]

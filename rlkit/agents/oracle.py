@@ -1,0 +1,95 @@
+"""An oracle teacher: a policy that knows each question's gold evidence, for offline teacher -> SFT runs.
+
+The DeepSearch-RL recipe keeps a strong teacher's successful trajectories. Offline there is no strong
+model, so ``OraclePolicy`` stands where an endpoint policy would (``rlkit rollout --oracle``): one
+search per evidence hop, then ``<answer>gold</answer>``. Its episodes run through the same engine,
+tools, rewards, success filter and ``--sft-out`` rows as an ``--endpoint`` teacher's, so a user swaps
+one for the other and nothing else changes.
+
+Each hop's query is what a student can learn to write: the question's own words that also occur in
+that evidence (its fact sentence, title or outlet), in the question's order; the fact itself when no
+word is shared. For a corpus whose gold is only ``supporting_ids`` (bring-your-own data), the query is
+the supporting title. The oracle does not read the search results: an episode whose search missed the
+evidence still answers, and the success filter decides, as for any teacher.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rlkit.agents.episodes import Turn
+from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
+
+_STOP = frozenset({"a", "an", "the", "of", "for", "to", "in", "on", "by", "at", "and", "or", "than", "did", "does",
+                   "do", "was", "were", "is", "are", "which", "what", "who", "whom", "whose", "that", "this",
+                   "according", "from", "with", "as", "its", "it", "his", "her", "their", "be", "been", "has",
+                   "have", "had", "report", "reported", "higher", "lower", "before", "after"})
+_WORD = re.compile(r"[A-Za-z0-9$%][\w$%'-]*")
+
+
+class OraclePolicy:
+    """Gold searches, then the gold answer; ``gold`` maps a question (the prompt's last user message) to
+    ``{"searches": [query, ...], "answer": str}``."""
+
+    concurrent = False
+
+    def __init__(self, gold: dict[str, dict[str, Any]]) -> None:
+        self.gold = gold
+
+    def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
+        return [self._turn(messages) for messages in conversations]
+
+    def _turn(self, messages: list[dict[str, Any]]) -> Turn:
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        question = messages[last_user]["content"]
+        if question not in self.gold:
+            raise UserError(f"the oracle teacher has no gold evidence for the question {question[:80]!r}")
+        gold = self.gold[question]
+        done = sum(1 for m in messages[last_user:] if m["role"] == "assistant" and m.get("tool_calls"))
+        if done < len(gold["searches"]):
+            call = {"type": "function", "function": {"name": "search",
+                                                    "arguments": {"query": gold["searches"][done]}}}
+            return Turn({"role": "assistant", "content": "", "tool_calls": [call]}, finish_reason="tool_calls")
+        return Turn({"role": "assistant", "content": f"<answer>{gold['answer']}</answer>"})
+
+
+def hop_query(question: str, evidence: dict[str, Any]) -> str:
+    """The question's words found in this evidence (fact, title, outlet), in the question's order."""
+    fields = (str(evidence.get(field) or "") for field in ("fact", "title", "source"))
+    haystack = {w.lower() for text in fields for w in _WORD.findall(text)}
+    words, seen = [], set()
+    for word in _WORD.findall(question):
+        key = word.lower().rstrip("?")
+        if key in haystack and key not in _STOP and key not in seen:
+            words.append(word.rstrip("?"))
+            seen.add(key)
+    return " ".join(words) or str(evidence.get("fact") or evidence.get("title") or question)
+
+
+def oracle_gold(recipe: Recipe, split: str, limit: int | None) -> dict[str, dict[str, Any]]:
+    """Gold searches and answers for the split's questions, keyed by the question as the prompt shows it."""
+    from rlkit.data import load_rows, task_rows
+
+    source = recipe.data.eval if split == "eval" else recipe.data.train
+    if source is None:
+        raise UserError(f"the recipe has no data.{split} split")
+    if limit:
+        source = source.model_copy(update={"limit": limit})
+    raw = load_rows(recipe.data.task, source)
+    rows = task_rows(recipe, "eval", raw).to_list()
+    if len(rows) != len(raw):
+        raise UserError(f"--oracle: the task kept {len(rows)} of {len(raw)} rows, so gold evidence cannot be "
+                        "matched to questions; use --endpoint")
+    gold = {}
+    for source_row, row in zip(raw.to_list(), rows, strict=True):
+        question = next(m["content"] for m in reversed(row["prompt"]) if m["role"] == "user")
+        evidence = source_row.get("evidence_list") or []
+        searches = ([hop_query(question, e) for e in evidence] if evidence
+                    else [str(t) for t in row.get("supporting_ids") or []])
+        gold[question] = {"searches": searches, "answer": row["answer"]}
+    return gold

@@ -1,0 +1,78 @@
+"""Agent eval during training: every ``eval.agent_every`` steps, a GRPO run with an ``env:`` scores its agent
+on the first ``eval.agent_limit`` held-out questions (greedy, through the same episode engine as
+``rlkit eval``), appends the scores to ``agent_eval.jsonl``, logs ``agent_eval/f1``, and keeps the best
+adapter in ``best/`` with ``best.json`` saying which step and why (the highest held-out F1; a tie keeps the
+earlier step). Small-model GRPO often peaks early and then collapses: ``best/`` is that peak.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlkit.recipe import Recipe
+
+
+def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: bool = True) -> Any:
+    """A TrainerCallback that scores the agent every ``recipe.eval.agent_every`` steps (and at the end)."""
+    from transformers import TrainerCallback
+
+    from rlkit.agents.rollout import episode_rows
+    from rlkit.data import env_factory
+
+    every, make_env = recipe.eval.agent_every, env_factory(recipe)
+    rows = episode_rows(recipe, "eval", recipe.eval.agent_limit)
+    state_ = {"best": None, "last": -1}
+
+    def score(model: Any, step: int) -> None:
+        import torch
+
+        from rlkit.agents.engine import run_episodes
+        from rlkit.agents.hf import HFPolicy
+        from rlkit.agents.scoring import score_episodes
+
+        started, training = time.time(), model.training
+        model.eval()
+        policy = HFPolicy(model, tokenizer, chat_template_kwargs=recipe.model.chat_template_kwargs,
+                          max_new_tokens=recipe.eval.max_new_tokens, temperature=0.0,
+                          batch_size=recipe.eval.batch_size)
+        with torch.no_grad():
+            episodes = run_episodes(rows, make_env, policy, max_turns=recipe.env.max_turns, show_progress=False)
+        model.train(training)
+        records = score_episodes(episodes, recipe)
+        mean = lambda key: sum(r["metrics"].get(key, 0.0) for r in records) / max(len(records), 1)  # noqa: E731
+        entry = {"step": step, "n": len(records), "f1": round(mean("f1"), 4), "em": round(mean("em"), 4),
+                 "searches": round(sum(len(r["tool_calls"]) for r in records) / max(len(records), 1), 3),
+                 "seconds": round(time.time() - started, 2)}
+        state_["last"] = step
+        if not main:
+            return
+        with (run_dir / "agent_eval.jsonl").open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        best = state_["best"]
+        if best is None or entry["f1"] > best["f1"]:
+            state_["best"] = entry
+            model.save_pretrained(run_dir / "best")
+            why = (f"the highest held-out F1 ({entry['f1']:.3f}, greedy, n={entry['n']}) of the agent evals so far"
+                   + (f"; step {best['step']} had {best['f1']:.3f}" if best else ""))
+            (run_dir / "best.json").write_text(json.dumps({**entry, "why": why}, indent=2) + "\n")
+
+    class AgentEval(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % every == 0:
+                score(model, state.global_step)
+                control.should_log = True
+
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            if state_["last"] != state.global_step:
+                score(model, state.global_step)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is not None and state_["last"] == state.global_step and main:
+                last = json.loads((run_dir / "agent_eval.jsonl").read_text().splitlines()[-1])
+                logs.update({"agent_eval/f1": last["f1"], "agent_eval/em": last["em"]})
+
+    return AgentEval()

@@ -1,0 +1,81 @@
+"""The oracle teacher: its episodes go through the engine, success filter, --sft-out and analyze as an endpoint's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlkit.recipe.catalogue import recipes_dir
+from tests.scripted_server import ScriptedServer
+
+MULTIHOP = recipes_dir() / "multihop_rag_grpo.yaml"
+
+
+def _endpoint_like(gold):
+    """A scripted OpenAI server that makes the oracle's moves, so both teachers can be compared row by row."""
+
+    def reply(request):
+        messages = request["messages"]
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        g = gold[messages[last_user]["content"]]
+        done = sum(1 for m in messages[last_user:] if m["role"] == "assistant" and m.get("tool_calls"))
+        if done < len(g["searches"]):
+            return {"tool_calls": [{"name": "search", "arguments": {"query": g["searches"][done]}}]}
+        return {"content": f"<answer>{g['answer']}</answer>"}
+
+    return reply
+
+
+def test_oracle_teacher_passes_the_same_success_filter_as_an_endpoint(tmp_path, monkeypatch, capsys):
+    from rlkit.agents.oracle import oracle_gold
+    from rlkit.agents.rollout import rollout
+    from rlkit.analyze import main as analyze_main
+    from rlkit.recipe import load_recipe
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    overrides = ["data.eval.synthetic=16"]
+    gold = oracle_gold(load_recipe(MULTIHOP, overrides, smoke=True), "eval", None)
+    assert len(gold) == 16
+    oracle = rollout(MULTIHOP, oracle=True, smoke=True, out=tmp_path / "oracle.jsonl",
+                     sft_out=tmp_path / "oracle_sft.jsonl", show_progress=False, overrides=overrides)
+    with ScriptedServer(_endpoint_like(gold)) as server:
+        endpoint = rollout(MULTIHOP, endpoint=server.url, smoke=True, out=tmp_path / "endpoint.jsonl",
+                           sft_out=tmp_path / "endpoint_sft.jsonl", show_progress=False, overrides=overrides)
+    assert len(server.requests) > 16  # every episode asked the server at least twice (search, answer)
+    records = {name: _read(result["path"]) for name, result in (("oracle", oracle), ("endpoint", endpoint))}
+    for o, e in zip(records["oracle"], records["endpoint"], strict=True):
+        assert o["id"] == e["id"] and o["success"] == e["success"]
+        assert o["metrics"] == e["metrics"] and o["reward"] == e["reward"]
+        assert [c["arguments"] for c in o["tool_calls"]] == [c["arguments"] for c in e["tool_calls"]]
+    # Two hops for every typed question, none for a null one; most hops find their evidence.
+    for r in records["oracle"]:
+        assert r["metrics"]["searches"] == (0 if r["question_type"] == "null_query" else 2)
+    assert oracle["successes"] == endpoint["successes"] and 8 <= oracle["successes"] <= 16
+    assert oracle["sft_rows"] == endpoint["sft_rows"] == oracle["successes"]
+    sft = {name: _read(tmp_path / f"{name}_sft.jsonl") for name in records}
+    assert _strip(sft["oracle"]) == _strip(sft["endpoint"])
+    analyze_main(oracle["path"], markdown=True)
+    markdown = capsys.readouterr().out
+    assert "| comparison_query |" in markdown and "| null_query |" in markdown
+
+
+def test_hop_query_keeps_the_question_words_found_in_the_evidence():
+    from rlkit.agents.oracle import hop_query
+
+    evidence = {"fact": "Norvia Systems reported quarterly revenue of $120 million, up 12% from a year earlier.",
+                "title": "Norvia Systems unveils the Pulse", "source": "TechCrunch"}
+    question = "Did TechCrunch report higher revenue growth for Norvia Systems than Wired reported for Lumenion Labs?"
+    assert hop_query(question, evidence) == "TechCrunch revenue Norvia Systems"
+    assert hop_query("Who is it?", {"fact": "Nothing shared here."}) == "Nothing shared here."
+
+
+def _read(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def _strip(rows):
+    """SFT messages without call ids (an endpoint's and the engine's differ), tool calls as name + arguments."""
+    def message(m):
+        out = {k: v for k, v in m.items() if k not in ("tool_call_id", "tool_calls")}
+        return out | ({"tool_calls": [c["function"] for c in m["tool_calls"]]} if m.get("tool_calls") else {})
+    return [[message(m) for m in row["messages"]] for row in rows]

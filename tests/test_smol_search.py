@@ -1,0 +1,97 @@
+"""The search-agent recipes for SmolLM2-135M: a 2-step GRPO with `env: retrieval` on the real model whose
+tool mask covers exactly the tool text of two-search episodes, and which trains the LoRA, not the base."""
+
+import json
+
+import pytest
+
+from rlkit.recipe import load_recipe, recipes_dir
+
+SFT = recipes_dir() / "smol_search_sft.yaml"
+GRPO = recipes_dir() / "smol_search_grpo.yaml"
+
+
+def test_recipes_load_with_the_retrieval_env_on_the_synthetic_corpus():
+    for path in (SFT, GRPO):
+        recipe = load_recipe(path, [])
+        assert recipe.env.name == "retrieval" and recipe.retrieval.synthetic == 40
+        assert recipe.data.task == "multihop_rag" and recipe.data.eval == load_recipe(GRPO, []).data.eval
+    recipe = load_recipe(GRPO, [])
+    assert [(r.name, r.weight, r.args.get("metric")) for r in recipe.rewards] == [
+        ("qa_correct", 1.0, "f1"), ("answer_format", 0.1, None)]
+
+
+def _script_oracle(trainer, tok, gold):
+    """The trainer's generation made the oracle's moves: search each hop, then answer the gold (every other
+    episode answers "Nobody" instead, so a group's rewards differ and GRPO has an advantage to learn from)."""
+    batches, answers = [], {"n": 0}
+
+    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
+        completions = []
+        for ids in prompt_ids:
+            text = tok.decode(ids)
+            question = next(q for q in gold if q in text)
+            done = text.count("<|im_start|>tool\n")
+            hops = gold[question]["searches"]
+            if done < len(hops):
+                call = {"name": "search", "arguments": {"query": hops[done]}}
+                reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
+            else:
+                answers["n"] += 1
+                answer = gold[question]["answer"] if answers["n"] % 2 else "Nobody"
+                reply = f"<answer>{answer}</answer><|im_end|>"
+            completions.append(tok(reply, add_special_tokens=False)["input_ids"])
+        return completions, None
+
+    generate_and_score = trainer._generate_and_score_completions
+
+    def capture(inputs):
+        out = generate_and_score(inputs)
+        batches.append({k: out[k].clone() for k in ("completion_ids", "completion_mask", "tool_mask")})
+        return out
+
+    trainer._generate_single_turn = scripted
+    trainer._generate_and_score_completions = capture
+    return batches
+
+
+@pytest.mark.slow  # two real GRPO steps of a 135M model on CPU (generation scripted)
+@pytest.mark.timeout(300)
+def test_two_grpo_steps_with_retrieval_mask_exactly_the_tool_text_and_train_only_the_lora(smollm2_dir, tmp_path):
+    import torch
+
+    from rlkit.agents.oracle import oracle_gold
+    from rlkit.envs.retrieval import RetrievalEnv, factory_kwargs
+    from rlkit.train import build_trainer
+
+    overrides = ["trainer.max_steps=2", "trainer.per_device_train_batch_size=2", "trainer.num_generations=2",
+                 "trainer.learning_rate=1e-2", "trainer.save_steps=2", "trainer.max_completion_length=512",
+                 "data.train.synthetic=8", "retrieval.top_k=1"]  # one passage per search: small, fast steps
+    recipe = load_recipe(GRPO, overrides)
+    gold = oracle_gold(recipe, "train", None)  # 8 questions: two hops each but the 2 null ones
+    trainer, tok = build_trainer(recipe, tmp_path)
+    batches = _script_oracle(trainer, tok, gold)
+    lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    trainer.train()
+
+    env = RetrievalEnv(**factory_kwargs(recipe))
+    assert len(batches) == 2
+    two_search = 0
+    for batch in batches:
+        for ids, mask, tool in zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"], strict=True):
+            keep = mask.bool()
+            model_text, tool_text = tok.decode(ids[keep & tool.bool()]), tok.decode(ids[keep & ~tool.bool()])
+            calls = [json.loads(c.partition("\n</tool_call>")[0]) for c in model_text.split("<tool_call>\n")[1:]]
+            if len(calls) < 2:
+                continue  # a null question: no search
+            two_search += 1
+            results = [env.search(c["arguments"]["query"]) for c in calls]
+            # What the model wrote: the two calls and the answer. Masked: exactly the two tool turns.
+            assert model_text.count("<|im_end|>") == 3 and model_text.endswith("</answer><|im_end|>")
+            assert tool_text == "".join(f"\n<|im_start|>tool\n<tool_response>\n{r}\n</tool_response><|im_end|>\n"
+                                        "<|im_start|>assistant\n" for r in results)
+    assert two_search >= 2
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(lora[n], after[n].detach()) for n in lora), "the LoRA did not train"
+    assert all(torch.equal(base[n], after[n].detach()) for n in base), "a base weight changed"
