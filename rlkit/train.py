@@ -19,6 +19,7 @@ from rlkit import backends, compat, handoff, progress, report, runs, safety, sec
 from rlkit.backends import backend_request, cuda_available
 from rlkit.backends.hf import loaded_base
 from rlkit.errors import Interrupted, UserError
+from rlkit.evaluate.during import agent_eval_callback
 from rlkit.launch import is_main_process, rank_info
 from rlkit.recipe import Recipe, load_recipe
 from rlkit.tiny import resolve_model_id
@@ -322,8 +323,6 @@ def build_trainer(recipe: Recipe, run_dir: Path, *, smoke: bool = False, source:
     trainer.add_callback(progress.training_callback(f"{recipe.algorithm} {recipe.name}"))
     trainer.add_callback(tracking.config_callback(trainer, resolved))
     if recipe.eval.agent_every and recipe.algorithm == "grpo" and recipe.env is not None:
-        from rlkit.evaluate.during import agent_eval_callback
-
         # First: its scores join the step's logs before metrics.jsonl and the trackers read them.
         trainer.callback_handler.callbacks.insert(0, agent_eval_callback(recipe, run_dir, tokenizer, main=main))
     _require_trainable(getattr(trainer.model, "policy", trainer.model))  # PPO wraps policy + value model
