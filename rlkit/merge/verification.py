@@ -24,6 +24,8 @@ TEXT_PROMPTS = [
 
 def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
     """Logit, decode and tokenizer agreement of the merged model with the adapter on its training base."""
+    import gc
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -37,6 +39,9 @@ def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
     with reference.disable_adapter():
         base_logits = [logits for logits, _ in outputs(reference, tokenizer, prompts, generate=False)]
     del reference
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # else the reference's freed blocks count as used in fits_on_gpu
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
     if torch.cuda.is_available() and fits_on_gpu(merged):
         merged.to("cuda")
