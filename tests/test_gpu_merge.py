@@ -58,3 +58,37 @@ def test_a_4bit_base_really_loads_on_the_cpu_with_the_explicit_map(tiny_model_di
     model = load_base(ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True, dtype="float32"), "dequantized")
     assert {p.device.type for p in model.parameters()} == {"cpu"}
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+# --- QLoRA under a config that shards parameters: one line, exit 2, before any rank starts -------------------
+
+def test_sharding_configs_are_told_apart():
+    from rlkit.launch import sharding
+
+    assert [sharding(name) for name in ("zero3", "fsdp", "zero2", "multi_gpu", "single_gpu")] == \
+        ["DeepSpeed ZeRO-3", "FSDP", None, None, None]
+
+
+@pytest.mark.parametrize("config", ["zero3", "fsdp"])
+def test_4bit_under_zero3_or_fsdp_is_refused_up_front(config, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlkit", "train", str(root / "recipes" / "gsm8k_sft.yaml"),
+                           "--smoke", "--set", "model.load_in_4bit=true", "--accelerate-config", config,
+                           "--output-dir", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "load_in_4bit under" in line]
+    assert len(said) == 1 and "multi_gpu" in said[0] and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_a_rank_launched_elsewhere_refuses_too(monkeypatch):
+    from rlkit.errors import UserError
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(UserError, match="load_in_4bit under FSDP"):
+        hf.load(ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True), training=True)

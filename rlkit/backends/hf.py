@@ -56,6 +56,8 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
         kwargs["quantization_config"] = BitsAndBytesConfig.from_dict(dict(quantization))
     elif spec.load_in_4bit:
         kwargs["quantization_config"] = quantization_config(dtype)
+    if training and four_bit:
+        _refuse_sharded_4bit()
     cuda = torch.cuda.is_available() and device != "cpu"
     placement = device_map(cuda=cuda, four_bit=four_bit, training=training, local_rank=_local_rank(), device=device)
     if placement is not None:
@@ -89,6 +91,20 @@ def device_map(*, cuda: bool, four_bit: bool, training: bool, local_rank: int = 
     if not cuda or (training and not four_bit):
         return None
     return {"": local_rank}
+
+
+def _refuse_sharded_4bit() -> None:
+    """Ranks launched outside rlkit: the same one line as ``rlkit.launch.check_quantized``."""
+    import os
+
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    what = "DeepSpeed ZeRO-3" if is_deepspeed_zero3_enabled() else (
+        "FSDP" if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") else None)
+    if what:
+        raise UserError(f"model.load_in_4bit under {what} is not supported by rlkit (no device_map, "
+                        "bnb_4bit_quant_storage = compute dtype needed); launch with --accelerate-config multi_gpu "
+                        "or set model.load_in_4bit=false")
 
 
 def _local_rank() -> int:
