@@ -193,7 +193,7 @@ def unsloth_like(base):
     return Replaced
 
 
-@pytest.mark.parametrize("algorithm", ["sft", "dpo", "reward", "ppo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["sft", "dpo", "reward", pytest.param("ppo", marks=pytest.mark.ppo), "grpo"])
 def test_pinned_defaults_are_trls_own(algorithm):
     from rlkit.backends.trl_config import trl_defaults
     from rlkit.trainers import config_class
