@@ -172,7 +172,8 @@ def unsloth_like(base):
     """A config class replaced the way Unsloth's generated ones are (unsloth/models/rl.py): a subclass whose
     __init__ has other defaults and resets the batch size to num_generations when it does not divide
     (first rule: the total batch; second, for TRLs without steps_per_generation: the per-device batch).
-    Unsloth itself cannot be imported without a GPU."""
+    Unsloth itself cannot be imported without a GPU. (``bnpo``/``0.001`` are Unsloth's GRPO defaults before
+    2026.10; 2026.10.9's None sentinels and its dapo branch run verbatim in tests/test_unsloth_grpo_defaults.py.)"""
 
     class Replaced(base):
         def __init__(self, *args, learning_rate=5e-5, seed=3407, weight_decay=0.001, beta=0.001, loss_type="bnpo",
