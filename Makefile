@@ -42,9 +42,10 @@ PYTEST_WORKERS ?= 2
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
-# The suite again on the newest TRL rlkit supports (pyproject.toml: trl>=1.12.0,<1.16), in a venv of its own;
-# `make test` covers the oldest (the known-good set `make install` chooses). PPO tests skip there (no PPOTrainer).
-TRL_NEWEST ?= 1.15.0
+# The suite again on a newer TRL in a venv of its own; `make test` covers the oldest (1.12.0, the set `make install`
+# chooses). PPO tests skip there (no PPOTrainer). 1.14.1 (axolotl's pin), not 1.15.0: TRL 1.15's GRPO/DPO trainers
+# compute log-probs with a Triton kernel that has no CPU path (trl/trainer/utils.py:1638), so they train on GPUs only.
+TRL_NEWEST ?= 1.14.1
 VENV_NEWEST := .venv-trl$(subst .,,$(TRL_NEWEST))
 test-trl-newest: $(SMOLLM2_WHEEL)
 	test -x $(VENV_NEWEST)/bin/python || $(PYTHON) -m venv $(VENV_NEWEST)
