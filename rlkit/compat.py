@@ -7,7 +7,6 @@ Nothing here is imported at module level: importing ``rlkit.compat`` costs nothi
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -104,23 +103,43 @@ def _silence_experimental_warning() -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rlkit pins TRL; the warning says nothing new
 
 
-def ppo_trainer_class() -> type:
-    """TRL 1.12's ``trl.experimental.ppo.PPOTrainer``; gone in TRL 1.13 (then PPO cannot be built)."""
-    _silence_experimental_warning()
-    from trl.experimental.ppo import PPOTrainer
+# PPOTrainer lives in TRL up to 1.12 (trl/experimental/ppo/, absent from the 1.13+ wheels).
+PPO_MISSING = ("PPO needs TRL's PPOTrainer, which TRL {version} no longer has (removed in 1.13); "
+               "`pip install 'trl>=1.12,<1.13'` to train PPO, or use GRPO")
 
-    return PPOTrainer
+
+def _ppo(name: str) -> type:
+    _silence_experimental_warning()
+    try:
+        import trl.experimental.ppo as ppo
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("trl.experimental"):
+            raise
+        import trl
+
+        from rlkit.errors import UserError
+
+        raise UserError(PPO_MISSING.format(version=trl.__version__)) from None
+    return getattr(ppo, name)
+
+
+def ppo_trainer_class() -> type:
+    """TRL 1.12's ``trl.experimental.ppo.PPOTrainer``; on TRL >= 1.13 (removed) a one-line UserError."""
+    return _ppo("PPOTrainer")
 
 
 def ppo_config_class() -> type:
-    """TRL 1.12's ``trl.experimental.ppo.PPOConfig``; gone in TRL 1.13 (then PPO recipes cannot load)."""
-    _silence_experimental_warning()
-    from trl.experimental.ppo import PPOConfig
-
-    return PPOConfig
+    """TRL 1.12's ``trl.experimental.ppo.PPOConfig``; on TRL >= 1.13 (removed) a one-line UserError."""
+    return _ppo("PPOConfig")
 
 
-@functools.cache
+def has_ppo() -> bool:
+    """Whether the installed TRL still has PPOTrainer (TRL < 1.13)."""
+    import importlib.util
+
+    return importlib.util.find_spec("trl.experimental.ppo") is not None
+
+
 def ppo_reward_model_base() -> type:
     """A ``torch.nn.Module`` base that TRL 1.12's private ``trl.experimental.utils.get_reward`` reads as a
     sequence-classification reward model: it calls ``getattr(model, model.base_model_prefix)(input_ids=...,

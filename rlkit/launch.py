@@ -53,6 +53,32 @@ def config_path(name_or_path: str | Path) -> Path:
     return trl_accelerate_config(NAMED_CONFIGS.get(name, str(path)))
 
 
+_QLORA_SHARDED = ("load_in_4bit under {what} needs a model loaded without device_map and bnb_4bit_quant_storage "
+                  "set to the compute dtype, which rlkit does not do; use --accelerate-config multi_gpu (each GPU "
+                  "holds the 4-bit model) or set model.load_in_4bit=false")
+
+
+def check_quantized(load_in_4bit: bool, config: str | Path | None) -> None:
+    """No 4-bit base under a config that shards parameters: ZeRO-3 refuses a ``device_map`` (transformers 5.17
+    integrations/accelerate.py:135) and sharded QLoRA needs ``bnb_4bit_quant_storage`` = the compute dtype."""
+    what = sharding(config) if config is not None else None
+    if what and load_in_4bit:
+        raise UserError(f"--accelerate-config {config}: " + _QLORA_SHARDED.format(what=what))
+
+
+def sharding(config: str | Path) -> str | None:
+    """``"DeepSpeed ZeRO-3"`` or ``"FSDP"`` when the accelerate config shards parameters, else None."""
+    import yaml
+
+    data = yaml.safe_load(config_path(config).read_text()) or {}
+    kind = str(data.get("distributed_type", "")).upper()
+    if kind == "FSDP":
+        return "FSDP"
+    if kind == "DEEPSPEED" and int((data.get("deepspeed_config") or {}).get("zero_stage", 0)) == 3:
+        return "DeepSpeed ZeRO-3"
+    return None
+
+
 def strip_launch_flags(argv: Sequence[str]) -> list[str]:
     """``argv`` without rlkit's launch flags and their values (``--flag V`` and ``--flag=V`` alike)."""
     out: list[str] = []

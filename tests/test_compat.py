@@ -86,6 +86,7 @@ def test_trl_tool_loop_rules():
     canary(compat.trl_tool_error("boom") == "{'error': 'boom'}", "rlkit", "trl_tool_error changed")
 
 
+@pytest.mark.ppo
 def test_trl_experimental_ppo_exists():
     from transformers import TrainingArguments
 
@@ -108,6 +109,7 @@ def test_trl_ships_the_accelerate_configs_rlkit_names(name):
            f"trl.cli's resolver found {path} for {NAMED_CONFIGS[name]!r}")
 
 
+@pytest.mark.ppo
 def test_trl_get_reward_reads_the_ppo_reward_model_base():
     import torch
     from trl.experimental.utils import get_reward

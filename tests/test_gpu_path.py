@@ -181,7 +181,8 @@ def unsloth_like(base):
     """A config class replaced the way Unsloth's generated ones are (unsloth/models/rl.py): a subclass whose
     __init__ has other defaults and resets the batch size to num_generations when it does not divide
     (first rule: the total batch; second, for TRLs without steps_per_generation: the per-device batch).
-    Unsloth itself cannot be imported without a GPU."""
+    Unsloth itself cannot be imported without a GPU. (``bnpo``/``0.001`` are Unsloth's GRPO defaults before
+    2026.10; 2026.10.9's None sentinels and its dapo branch run verbatim in tests/test_unsloth_grpo_defaults.py.)"""
 
     class Replaced(base):
         def __init__(self, *args, learning_rate=5e-5, seed=3407, weight_decay=0.001, beta=0.001, loss_type="bnpo",
@@ -219,7 +220,7 @@ TRL_KNOWN = {"sft": {"learning_rate": 2e-5}, "dpo": {"learning_rate": 1e-6, "bet
              "grpo": {"learning_rate": 1e-6, "beta": 0.0, "loss_type": "dapo", "num_generations": 8}}
 
 
-@pytest.mark.parametrize("algorithm", ["sft", "dpo", "reward", "ppo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["sft", "dpo", "reward", pytest.param("ppo", marks=pytest.mark.ppo), "grpo"])
 def test_pinned_defaults_are_trls_own(algorithm):
     from rlkit.backends.trl_config import trl_defaults, with_trl_defaults
     from rlkit.trainers import config_class

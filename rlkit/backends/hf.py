@@ -56,8 +56,10 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
         kwargs["quantization_config"] = BitsAndBytesConfig.from_dict(dict(quantization))
     elif spec.load_in_4bit:
         kwargs["quantization_config"] = quantization_config(dtype)
+    if training and four_bit:
+        _refuse_sharded_4bit()
     cuda = torch.cuda.is_available() and device != "cpu"
-    placement = device_map(cuda=cuda, four_bit=four_bit, training=training, local_rank=_local_rank())
+    placement = device_map(cuda=cuda, four_bit=four_bit, training=training, local_rank=_local_rank(), device=device)
     if placement is not None:
         kwargs["device_map"] = placement
     if head == "score":
@@ -74,16 +76,35 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
     return model, tokenizer
 
 
-def device_map(*, cuda: bool, four_bit: bool, training: bool, local_rank: int = 0) -> dict[str, int] | None:
+def device_map(*, cuda: bool, four_bit: bool, training: bool, local_rank: int = 0,
+               device: str | None = None) -> dict[str, Any] | None:
     """Where from_pretrained puts the weights: this process's GPU, or None (CPU; the trainer moves it).
 
     A 4-bit model must be quantized on the GPU it runs on; a 16-bit model for inference (eval, chat,
     rollouts, merge checks) would otherwise stay on the CPU of a GPU machine. A 16-bit model for
     training is left to the trainer, which places it (and shards it under ZeRO-3/FSDP) itself.
+    ``device="cpu"`` with 4-bit is an explicit CPU map: given none, transformers' bitsandbytes loader puts
+    the model on the current GPU whenever CUDA exists (transformers 5.17 quantizer_bnb_4bit.py:102-105).
     """
+    if device == "cpu":
+        return {"": "cpu"} if four_bit else None
     if not cuda or (training and not four_bit):
         return None
     return {"": local_rank}
+
+
+def _refuse_sharded_4bit() -> None:
+    """Ranks launched outside rlkit: the same one line as ``rlkit.launch.check_quantized``."""
+    import os
+
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    what = "DeepSpeed ZeRO-3" if is_deepspeed_zero3_enabled() else (
+        "FSDP" if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") else None)
+    if what:
+        raise UserError(f"model.load_in_4bit under {what} is not supported by rlkit (no device_map, "
+                        "bnb_4bit_quant_storage = compute dtype needed); launch with --accelerate-config multi_gpu "
+                        "or set model.load_in_4bit=false")
 
 
 def _local_rank() -> int:

@@ -2,8 +2,12 @@
 
 Importing Unsloth replaces ``trl.GRPOConfig`` (and SFT/DPO...) with generated subclasses whose
 ``__init__`` has other defaults: learning rate 5e-5, weight decay 0.001, warm-up 0.1, seed 3407,
-``adamw_8bit``, GRPO ``loss_type="bnpo"``, ``beta=0.001``, no vLLM importance-sampling correction, and
-more (unsloth/models/rl.py, ``replacements``). A recipe validated on a CPU machine (plain TRL) would
+``adamw_8bit``, no vLLM importance-sampling correction, and more (unsloth/models/rl.py, ``replacements``).
+GRPO's ``loss_type``/``beta`` default to ``None`` there and resolve to TRL's ``dapo``/``0.0``, but an
+*explicit* ``dapo`` is read as "the user asked for DAPO" and sets ``epsilon_high=0.28`` (unsloth 2026.10.9,
+rl.py:3525 and :3559-3565); TRL leaves ``epsilon_high=None`` and clips at ``epsilon``
+(trl/trainer/grpo_trainer.py:934). So a field TRL resolves from another at training time is passed
+resolved (``epsilon_high = epsilon``). A recipe validated on a CPU machine (plain TRL) would
 train differently on a GPU for every field it leaves unset. So for a replaced class rlkit passes every
 field the recipe leaves unset at TRL's own default, then compares what the backend's class made of
 the settings with what TRL's class makes of them: a changed batch shape is an error (the run would not
@@ -31,6 +35,10 @@ BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "n
 IMPLEMENTATION_FIELDS = {"dataset_num_proc", "torch_empty_cache_steps", "dataloader_pin_memory",
                          "logging_nan_inf_filter", "include_tokens_per_second"}
 _IMPLEMENTATION_BY_CLASS = {"SFTConfig": {"loss_type"}}
+
+
+# Fields TRL leaves None and resolves from another field when training: a backend may fill the None.
+RESOLVED_FROM = {"epsilon_high": "epsilon"}  # trl/trainer/grpo_trainer.py:934 (TRL 1.12.0)
 
 
 def implementation_fields(cls: type) -> set[str]:
@@ -63,7 +71,12 @@ def with_trl_defaults(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     if trl_class(cls) is cls:
         return kwargs
     skip = implementation_fields(cls)
-    return {**{k: v for k, v in trl_defaults(cls).items() if k not in skip}, **kwargs}
+    defaults = {k: v for k, v in trl_defaults(cls).items() if k not in skip}
+    out = {**defaults, **kwargs}
+    for field, source in RESOLVED_FROM.items():
+        if field in defaults and out.get(field) is None and source in out:
+            out[field] = out[source]
+    return out
 
 
 def backend_changes(config: Any, kwargs: dict[str, Any], backend: str = "current") -> dict[str, tuple[Any, Any]]:

@@ -69,7 +69,8 @@ def train(
         from rlkit.trainers import check_trainer
 
         # A mistake in the recipe is one line here, not one traceback per rank from torchrun.
-        check_trainer(load_recipe(recipe, set_ or [], smoke=smoke), source=str(recipe))
+        check_trainer(loaded := load_recipe(recipe, set_ or [], smoke=smoke), source=str(recipe))
+        launch.check_quantized(loaded.model.load_in_4bit, accelerate_config)
         argv = sys.argv[sys.argv.index("train") + 1:]
         code = launch.relaunch(argv, num_processes=num_processes, accelerate_config=accelerate_config,
                                num_machines=num_machines, machine_rank=machine_rank, main_process_ip=main_process_ip,

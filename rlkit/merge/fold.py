@@ -13,7 +13,8 @@ def load_base(spec: ModelSpec, mode: str, *, quantization: dict[str, Any] | None
     """The base in float32, as the adapter saw it (``dequantized``) or as published (``original``).
 
     Always on the CPU: a float32 copy takes 4 bytes per parameter (28 GB for a 7B model), more than many
-    GPUs hold, and merging is a few additions per weight, not worth a GPU.
+    GPUs hold, and merging is a few additions per weight, not worth a GPU. A 4-bit base is loaded with an
+    explicit CPU ``device_map`` (see :func:`rlkit.backends.hf.device_map`).
     """
     import torch
 

@@ -24,6 +24,8 @@ TEXT_PROMPTS = [
 
 def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
     """Logit, decode and tokenizer agreement of the merged model with the adapter on its training base."""
+    import gc
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -32,11 +34,14 @@ def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(src.adapter))
     merged_tokenizer = AutoTokenizer.from_pretrained(str(merged_dir))
     prompts = verification_prompts(tokenizer, src.spec.chat_template_kwargs)
-    reference = with_adapter(src.spec, src.adapter, src.quantization)
+    reference = with_adapter(*float32_reference(src.spec, src.quantization, src.adapter))
     ref_out = outputs(reference, tokenizer, prompts)
     with reference.disable_adapter():
         base_logits = [logits for logits, _ in outputs(reference, tokenizer, prompts, generate=False)]
     del reference
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # else the reference's freed blocks count as used in fits_on_gpu
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
     if torch.cuda.is_available() and fits_on_gpu(merged):
         merged.to("cuda")
@@ -53,6 +58,14 @@ def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
                                                                     strict=True):
         row.update(kind=kind, prompt=text, reference=tokenizer.decode(ref_ids), merged=tokenizer.decode(merged_ids))
     return checks
+
+
+def float32_reference(spec: Any, quantization: dict[str, Any] | None, adapter: Path) -> tuple[Any, Path, Any]:
+    """The reference computed in float32, as the merged model is: a bf16 reference (dtype "auto" on a GPU)
+    rounds logits by ~2^-8 and flips near-tied greedy tokens, so a correct merge would decode differently."""
+    if quantization is not None:
+        quantization = {**quantization, "bnb_4bit_compute_dtype": "float32"}
+    return spec.model_copy(update={"dtype": "float32"}), adapter, quantization
 
 
 def fits_on_gpu(model: Any, free_bytes: int | None = None) -> bool:

@@ -1,0 +1,122 @@
+"""GPU paths of `rlkit merge` and QLoRA placement, checked on CPU through the real code (issue 26).
+
+Where the decision depends on CUDA being present, ``torch.cuda.is_available`` is made to answer True
+and the arguments rlkit hands to ``from_pretrained`` are recorded before the load (which would need a GPU).
+"""
+
+import pytest
+import torch
+
+from rlkit.backends import hf
+from rlkit.recipe import ModelSpec
+from rlkit.tiny import TINY_MODEL
+
+
+class Loaded(Exception):
+    pass
+
+
+def record_load(monkeypatch):
+    seen = {}
+
+    def spy(cls, name, **kwargs):
+        seen.update(kwargs)
+        raise Loaded
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hf, "_from_pretrained", spy)
+    return seen
+
+
+def test_merge_dequantizes_a_4bit_base_on_the_cpu_where_cuda_exists(monkeypatch):
+    from rlkit.merge.fold import load_base
+
+    seen = record_load(monkeypatch)
+    spec = ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True, dtype="float32")
+    with pytest.raises(Loaded):
+        load_base(spec, "dequantized")
+    # transformers' bnb 4-bit loader maps device_map=None to the current GPU when CUDA exists.
+    assert seen["device_map"] == {"": "cpu"}
+    assert seen["quantization_config"].load_in_4bit
+    seen.clear()
+    with pytest.raises(Loaded):
+        load_base(spec, "original")
+    assert "device_map" not in seen and "quantization_config" not in seen  # 16-bit: stays where it is built
+
+
+def test_inference_and_training_placement_is_unchanged(monkeypatch):
+    assert hf.device_map(cuda=True, four_bit=True, training=False) == {"": 0}
+    assert hf.device_map(cuda=True, four_bit=True, training=True, local_rank=3) == {"": 3}
+    assert hf.device_map(cuda=True, four_bit=False, training=True) is None
+    assert hf.device_map(cuda=False, four_bit=True, training=False) is None
+    assert hf.device_map(cuda=True, four_bit=False, training=False, device="cpu") is None
+
+
+def test_a_4bit_base_really_loads_on_the_cpu_with_the_explicit_map(tiny_model_dir):
+    from rlkit.merge.fold import load_base
+
+    model = load_base(ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True, dtype="float32"), "dequantized")
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+# --- QLoRA under a config that shards parameters: one line, exit 2, before any rank starts -------------------
+
+def test_sharding_configs_are_told_apart():
+    from rlkit.launch import sharding
+
+    assert [sharding(name) for name in ("zero3", "fsdp", "zero2", "multi_gpu", "single_gpu")] == \
+        ["DeepSpeed ZeRO-3", "FSDP", None, None, None]
+
+
+@pytest.mark.parametrize("config", ["zero3", "fsdp"])
+def test_4bit_under_zero3_or_fsdp_is_refused_up_front(config, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlkit", "train", str(root / "recipes" / "gsm8k_sft.yaml"),
+                           "--smoke", "--set", "model.load_in_4bit=true", "--accelerate-config", config,
+                           "--output-dir", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "load_in_4bit under" in line]
+    assert len(said) == 1 and "multi_gpu" in said[0] and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_a_rank_launched_elsewhere_refuses_too(monkeypatch):
+    from rlkit.errors import UserError
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(UserError, match="load_in_4bit under FSDP"):
+        hf.load(ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True), training=True)
+
+
+# --- the merge check compares like with like: reference and merged model both in float32 ----------------------
+
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
+def test_the_merge_check_reference_is_float32_as_the_merged_model_is(dtype, monkeypatch, tiny_model_dir):
+    from pathlib import Path
+
+    from rlkit.inference import load as inference_load
+    from rlkit.merge.source import Source
+    from rlkit.merge.verification import verify
+
+    seen = {}
+
+    def spy(spec, adapter, quantization=None):
+        seen.update(spec=spec, quantization=quantization)
+        raise Loaded
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # "auto" means bf16 on a GPU
+    monkeypatch.setattr(inference_load, "with_adapter", spy)
+    recorded = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16"}
+    src = Source(adapter=Path(tiny_model_dir), run_dir=None, quantization=recorded,
+                 spec=ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True, dtype=dtype))
+    with pytest.raises(Loaded):
+        verify(src, Path(tiny_model_dir))
+    assert seen["spec"].dtype == "float32" and hf.torch_dtype(seen["spec"].dtype) == torch.float32
+    assert seen["quantization"] == {**recorded, "bnb_4bit_compute_dtype": "float32"}
+    assert recorded["bnb_4bit_compute_dtype"] == "bfloat16"  # the source's record is not changed

@@ -1,0 +1,51 @@
+"""rlkit accepts the TRL range users have (1.12 .. 1.15): installing it keeps the TRL that is there, and PPO,
+which TRL 1.13 deleted, says so in one line where it is missing (issue 26)."""
+
+import json
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def requirement(name: str) -> Requirement:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(Requirement(d) for d in deps if Requirement(d).name == name)
+
+
+def test_the_trl_requirement_admits_the_range_unsloth_allows():
+    trl = requirement("trl")
+    assert [trl.specifier.contains(v) for v in ("1.11.0", "1.12.0", "1.13.0", "1.14.1", "1.15.0", "1.16.0")] == \
+        [False, True, True, True, True, False]
+    assert trl.specifier.contains(version("trl"))  # the TRL of this environment (either end in CI)
+
+
+def test_installing_rlkit_keeps_the_installed_trl(tmp_path):
+    """pip's own resolver against this environment: only rlkit would be installed, TRL stays as it is."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                           "--quiet", "--report", str(report), str(ROOT)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    installs = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert installs == {"rlkit": "0.1.0"}
+
+
+def test_ppo_without_ppotrainer_is_one_line():
+    from rlkit import compat
+    from rlkit.errors import UserError
+
+    if compat.has_ppo():
+        assert compat.ppo_config_class().__name__ == "PPOConfig"
+        pytest.skip(f"TRL {version('trl')} has PPOTrainer; the missing case runs on TRL >= 1.13")
+    with pytest.raises(UserError, match=r"PPO needs TRL's PPOTrainer, which TRL 1\.1[3-9].*trl>=1\.12,<1\.13"):
+        compat.ppo_config_class()
+    proc = subprocess.run([sys.executable, "-m", "rlkit", "recipes", "validate", str(ROOT / "recipes" / "gsm8k_ppo.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in said and "trl>=1.12,<1.13" in said
