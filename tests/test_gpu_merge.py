@@ -92,31 +92,3 @@ def test_a_rank_launched_elsewhere_refuses_too(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(UserError, match="load_in_4bit under FSDP"):
         hf.load(ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True), training=True)
-
-
-# --- the merge check compares like with like: reference and merged model both in float32 ----------------------
-
-@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
-def test_the_merge_check_reference_is_float32_as_the_merged_model_is(dtype, monkeypatch, tiny_model_dir):
-    from pathlib import Path
-
-    from rlkit.inference import load as inference_load
-    from rlkit.merge.source import Source
-    from rlkit.merge.verification import verify
-
-    seen = {}
-
-    def spy(spec, adapter, quantization=None):
-        seen.update(spec=spec, quantization=quantization)
-        raise Loaded
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # "auto" means bf16 on a GPU
-    monkeypatch.setattr(inference_load, "with_adapter", spy)
-    recorded = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16"}
-    src = Source(adapter=Path(tiny_model_dir), run_dir=None, quantization=recorded,
-                 spec=ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True, dtype=dtype))
-    with pytest.raises(Loaded):
-        verify(src, Path(tiny_model_dir))
-    assert seen["spec"].dtype == "float32" and hf.torch_dtype(seen["spec"].dtype) == torch.float32
-    assert seen["quantization"] == {**recorded, "bnb_4bit_compute_dtype": "float32"}
-    assert recorded["bnb_4bit_compute_dtype"] == "bfloat16"  # the source's record is not changed

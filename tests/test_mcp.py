@@ -187,6 +187,7 @@ from rlkit.envs import call_tool
 from rlkit.recipe import load_recipe
 env = env_factory(load_recipe(sys.argv[1], [sys.argv[2]], smoke=True))()
 print(json.dumps({"grandchild": int(call_tool(env, "children", {}).content)}), flush=True)
+sys.stdin.readline()  # the test has found every process alive
 if sys.argv[3] == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 time.sleep(60)  # the test interrupts it here
@@ -209,7 +210,8 @@ def test_no_server_process_outlives_a_killed_or_interrupted_run(tmp_path, how):
 
     pid_file = tmp_path / "server.pid"
     run = subprocess.Popen([sys.executable, "-c", _EPISODE_THEN, str(CALCULATOR),
-                            _calc_env(MCP_PID_FILE=str(pid_file)), how], stdout=subprocess.PIPE, text=True,
+                            _calc_env(MCP_PID_FILE=str(pid_file)), how], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     grandchild = json.loads(run.stdout.readline())["grandchild"]
     server = int(pid_file.read_text())
@@ -217,7 +219,10 @@ def test_no_server_process_outlives_a_killed_or_interrupted_run(tmp_path, how):
         guard = int(f.read().rpartition(")")[2].split()[1])
     processes = {"guard": guard, "server": server, "the server's child": grandchild}
     assert all(_alive(pid) for pid in processes.values())
+    run.stdin.write("go\n")
+    run.stdin.flush()
     if how == "interrupt":
+        time.sleep(0.5)  # into its sleep, where Ctrl-C finds it
         run.send_signal(signal.SIGINT)  # Ctrl-C: KeyboardInterrupt, then atexit closes the connection
     assert run.wait(30) == (-signal.SIGKILL if how == "kill" else -signal.SIGINT)
     deadline = time.time() + 15

@@ -34,7 +34,7 @@ def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(src.adapter))
     merged_tokenizer = AutoTokenizer.from_pretrained(str(merged_dir))
     prompts = verification_prompts(tokenizer, src.spec.chat_template_kwargs)
-    reference = with_adapter(*float32_reference(src.spec, src.quantization, src.adapter))
+    reference = with_adapter(src.spec, src.adapter, src.quantization)
     ref_out = outputs(reference, tokenizer, prompts)
     with reference.disable_adapter():
         base_logits = [logits for logits, _ in outputs(reference, tokenizer, prompts, generate=False)]
@@ -58,14 +58,6 @@ def verify(src: Source, merged_dir: Path) -> dict[str, Any]:
                                                                     strict=True):
         row.update(kind=kind, prompt=text, reference=tokenizer.decode(ref_ids), merged=tokenizer.decode(merged_ids))
     return checks
-
-
-def float32_reference(spec: Any, quantization: dict[str, Any] | None, adapter: Path) -> tuple[Any, Path, Any]:
-    """The reference computed in float32, as the merged model is: a bf16 reference (dtype "auto" on a GPU)
-    rounds logits by ~2^-8 and flips near-tied greedy tokens, so a correct merge would decode differently."""
-    if quantization is not None:
-        quantization = {**quantization, "bnb_4bit_compute_dtype": "float32"}
-    return spec.model_copy(update={"dtype": "float32"}), adapter, quantization
 
 
 def fits_on_gpu(model: Any, free_bytes: int | None = None) -> bool:
