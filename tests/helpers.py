@@ -1,4 +1,4 @@
-"""Shared by the tests that train GRPO with the calculator on a scripted policy."""
+"""Shared by the tests that train GRPO with a tool on a scripted policy."""
 
 import json
 
@@ -27,6 +27,12 @@ def script_calculator(trainer, tok, golds: dict[str, str], tool_turn: str) -> li
             completions.append(tok(reply, add_special_tokens=False)["input_ids"])
         return completions, None
 
+    return script_and_capture(trainer, scripted)
+
+
+def script_and_capture(trainer, scripted) -> list[dict]:
+    """Make ``scripted`` the trainer's generation of one turn; returns the list each training step's completion
+    ids, completion mask and tool mask are appended to."""
     batches: list[dict] = []
     generate_and_score = trainer._generate_and_score_completions
 

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from rlkit.recipe import load_recipe, recipes_dir
+from tests.helpers import script_and_capture
 
 SFT = recipes_dir() / "smol_search_sft.yaml"
 GRPO = recipes_dir() / "smol_search_grpo.yaml"
@@ -24,7 +25,7 @@ def test_recipes_load_with_the_retrieval_env_on_the_synthetic_corpus():
 def _script_oracle(trainer, tok, gold):
     """The trainer's generation made the oracle's moves: search each hop, then answer the gold (every other
     episode answers "Nobody" instead, so a group's rewards differ and GRPO has an advantage to learn from)."""
-    batches, answers = [], {"n": 0}
+    answers = {"n": 0}
 
     def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
         completions = []
@@ -43,16 +44,7 @@ def _script_oracle(trainer, tok, gold):
             completions.append(tok(reply, add_special_tokens=False)["input_ids"])
         return completions, None
 
-    generate_and_score = trainer._generate_and_score_completions
-
-    def capture(inputs):
-        out = generate_and_score(inputs)
-        batches.append({k: out[k].clone() for k in ("completion_ids", "completion_mask", "tool_mask")})
-        return out
-
-    trainer._generate_single_turn = scripted
-    trainer._generate_and_score_completions = capture
-    return batches
+    return script_and_capture(trainer, scripted)
 
 
 @pytest.mark.slow  # two real GRPO steps of a 135M model on CPU (generation scripted)

@@ -126,11 +126,9 @@ def _smoke_serve_search(env: dict[str, Any], put: Any) -> None:
         return
     import sys
 
-    import rlkit
-
     put(server, "command", sys.executable, "env.server.command")
     put(server, "args", ["-m", "rlkit", *args, *([] if "--smoke" in args else ["--smoke"])], "env.server.args")
-    root = str(Path(rlkit.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the checkout (or site-packages) holding this rlkit
     put(server, "env", {**(server.get("env") or {}), "PYTHONPATH": root}, "env.server.env")
 
 
