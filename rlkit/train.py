@@ -119,6 +119,7 @@ def _doctor(recipe: Recipe, source: str) -> None:
 
 
 def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: bool) -> None:
+    compat.check_trl_kernels(recipe.algorithm)
     use_vllm = bool(getattr(cfg, "use_vllm", False))
     if use_vllm and not cuda:
         raise UserError("trainer.use_vllm: vLLM needs a CUDA GPU and this machine has none; "

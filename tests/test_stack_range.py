@@ -51,3 +51,46 @@ def test_ppo_without_ppotrainer_is_one_line():
                           capture_output=True, text=True, timeout=120)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in said and "trl>=1.12,<1.13" in said
+
+
+@pytest.mark.parametrize("trl_version,triton,algorithm,refused", [
+    ("1.15.0", False, "grpo", True), ("1.15.0", False, "sft", True), ("1.15.0", False, "dpo", True),
+    ("1.15.0", True, "grpo", False), ("1.14.1", False, "grpo", False), ("1.12.0", False, "sft", False),
+    ("1.15.0", False, "reward", False),
+])
+def test_a_trl_whose_trainers_need_triton_is_refused_in_one_line_where_there_is_none(
+        monkeypatch, trl_version, triton, algorithm, refused):
+    """TRL 1.15 runs SFT/DPO/GRPO log-probs through a Triton kernel only (trl/trainer/utils.py:504-509, 1638)."""
+    import importlib.util
+
+    import trl
+
+    from rlkit import compat
+    from rlkit.errors import UserError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(trl, "__version__", trl_version)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (real("json") if triton else None) if name == "triton" else real(name, *a))
+    if refused:
+        with pytest.raises(UserError, match=rf"TRL {trl_version}'s {algorithm.upper()} trainer needs Triton.*"
+                                            r"trl>=1\.12,<1\.15"):
+            compat.check_trl_kernels(algorithm)
+    else:
+        compat.check_trl_kernels(algorithm)
+
+
+def test_make_install_installs_the_tested_stack_which_the_ranges_admit():
+    """A clean clone gets the TRL the suite passed on, not the newest the range allows (TRL 1.15 cannot train
+    on CPU); every constraint lies inside pyproject's ranges, and torch is left to the user."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            pins[req.name.lower()] = str(req.specifier).removeprefix("==")
+    assert pins["trl"] == "1.12.0" and "torch" not in pins and "rlkit" not in pins
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in map(Requirement, deps):
+        if dep.name.lower() in pins:
+            assert dep.specifier.contains(pins[dep.name.lower()]), (dep, pins[dep.name.lower()])
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
