@@ -203,8 +203,7 @@ def barrier() -> None:
 
 
 def _report(run_dir: Path) -> None:
-    """Plots and report.md (unless ``RLKIT_NO_REPORT=1``); a plotting failure is logged with its traceback but
-    never fails a trained run."""
+    """Plots and report.md (unless ``RLKIT_NO_REPORT=1``); a plotting failure is logged, never fails the run."""
     if not report.wanted():
         return
     try:
