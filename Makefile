@@ -56,7 +56,8 @@ VENV_NEWEST := .venv-trl$(subst .,,$(TRL_NEWEST))
 test-trl-newest: $(SMOLLM2_WHEEL)
 	test -x $(VENV_NEWEST)/bin/python || $(PYTHON) -m venv $(VENV_NEWEST)
 	$(VENV_NEWEST)/bin/python -c "import torch" 2>/dev/null || $(VENV_NEWEST)/bin/python -m pip install --quiet torch==$(TORCH)
-	$(VENV_NEWEST)/bin/python -m pip install --quiet -e ".[dev]" "trl==$(TRL_NEWEST)"
+	grep -v '^trl==' constraints.txt > $(VENV_NEWEST)/constraints.txt
+	$(VENV_NEWEST)/bin/python -m pip install --quiet -c $(VENV_NEWEST)/constraints.txt -e ".[dev]" "trl==$(TRL_NEWEST)"
 	$(OFFLINE) $(VENV_NEWEST)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct: base eval -> GRPO -> eval on three held-out sets (~15 min on 2 idle cores).

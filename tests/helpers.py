@@ -12,7 +12,7 @@ def script_calculator(trainer, tok, golds: dict[str, str], tool_turn: str) -> li
     """
     turns = {"n": 0}
 
-    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
+    def scripted(prompt_ids, images, multimodal_fields, *args, **kwargs):  # TRL 1.14 adds num_generations
         completions = []
         for ids in prompt_ids:
             text = tok.decode(ids)

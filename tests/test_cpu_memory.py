@@ -23,10 +23,10 @@ CHURN = textwrap.dedent("""
 
     if sys.argv[1] == "pin":
         assert keep_heap_small()
-    big = torch.ones(4 * 2**20)  # a 16 MB block, freed: unpinned glibc raises its mmap threshold past 4 MB
+    big = torch.ones(4 * 2**20)  # a 16 MB block, freed: unpinned glibc raises its mmap threshold past 8 MB
     del big
     before = rss()
-    blocks = [torch.ones(2**20) for _ in range(100)]  # 100 x 4 MB, like one step's activations
+    blocks = [torch.ones(2 * 2**20) for _ in range(50)]  # 50 x 8 MB, like one step's activations
     del blocks[:-1]  # freed, all but the newest
     print(rss() - before)
 """)
@@ -40,8 +40,26 @@ def _kept_after_free(mode: str) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_freed_tensors_leave_the_process_once_the_heap_is_kept_small():
-    assert _kept_after_free("default") > 300e6  # 99 freed 4 MB blocks stay resident
+    assert _kept_after_free("default") > 300e6  # 49 freed 8 MB blocks stay resident
     assert _kept_after_free("pin") < 30e6  # each was its own mapping, unmapped when freed
+
+
+@pytest.mark.parametrize("value,threshold", [("", 4 * 2**20), ("128", 128 * 1024), ("0", 0), ("32768", 2**25)])
+def test_the_mmap_threshold_comes_from_the_environment(monkeypatch, value, threshold):
+    from rlkit.trainers import cpu_memory
+
+    monkeypatch.setenv(cpu_memory.ENV, value)
+    assert cpu_memory._from_env() == threshold
+
+
+@pytest.mark.parametrize("value", ["-1", "4M", "40000"])
+def test_a_bad_mmap_threshold_is_one_line(monkeypatch, value):
+    from rlkit.errors import UserError
+    from rlkit.trainers import cpu_memory
+
+    monkeypatch.setenv(cpu_memory.ENV, value)
+    with pytest.raises(UserError, match="RLKIT_MMAP_THRESHOLD_KB=.*kilobytes from 0"):
+        cpu_memory.keep_heap_small()
 
 
 def _two_steps(tmp_path, name, overrides):

@@ -27,7 +27,7 @@ def _script_oracle(trainer, tok, gold):
     episode answers "Nobody" instead, so a group's rewards differ and GRPO has an advantage to learn from)."""
     answers = {"n": 0}
 
-    def scripted(prompt_ids, images, multimodal_fields, has_tool_images=False):
+    def scripted(prompt_ids, images, multimodal_fields, *args, **kwargs):  # TRL 1.14 adds num_generations
         completions = []
         for ids in prompt_ids:
             text = tok.decode(ids)

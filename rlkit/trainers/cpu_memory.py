@@ -8,19 +8,29 @@ threshold each time a large mmapped block is freed (up to 32 MB), so after the f
 activations (many blocks of 1-30 MB) are carved out of the heap instead, and freed heap pages stay in
 the process (and fragment as sequence lengths change from step to step).
 
-``keep_heap_small()`` pins the mmap threshold (and the trim threshold) at 128 KiB through ``mallopt``:
-every large tensor is its own mapping, returned to the OS when freed. It changes no number computed,
-only where the memory comes from. A no-op off glibc (macOS, musl): returns False.
+``keep_heap_small()`` pins the mmap and trim thresholds through ``mallopt``: every tensor at least that
+large is its own mapping, returned to the OS when freed, while smaller ones keep glibc's fast heap. The
+threshold trades memory for speed, because a fresh mapping is page-faulted in on first touch (four steps of
+smol_arith_grpo with gradient checkpointing, 2 idle cores; bench/results/grpo_step.md):
+
+    threshold       128 KiB   1 MiB   2 MiB   4 MiB (default)   8 MiB   glibc's own
+    s per step         39       35      29          22            17         15
+    peak RSS (GB)     2.08     2.13    2.21        2.70          3.45       3.79
+
+``RLKIT_MMAP_THRESHOLD_KB`` chooses another (``128`` for the smallest footprint, ``0`` leaves glibc alone).
+It changes no number computed, only where the memory comes from. A no-op off glibc (macOS, musl).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 M_TRIM_THRESHOLD = -1  # <malloc.h>
 M_MMAP_THRESHOLD = -3
-THRESHOLD = 128 * 1024  # glibc's own starting value, kept fixed instead of growing
+THRESHOLD = 4 * 2**20  # kept fixed instead of growing to 32 MiB as freed mappings raise it
+ENV = "RLKIT_MMAP_THRESHOLD_KB"
 
 
 def _libc():
@@ -33,11 +43,26 @@ def _libc():
     return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
-def keep_heap_small(threshold: int = THRESHOLD) -> bool:
-    """Pin glibc's mmap and trim thresholds (process-wide, from now on); True when it took effect."""
+def keep_heap_small(threshold: int | None = None) -> bool:
+    """Pin glibc's mmap and trim thresholds (process-wide, from now on) at ``threshold`` bytes (default: the
+    environment's ``RLKIT_MMAP_THRESHOLD_KB``, else 4 MiB); True when it took effect."""
+    if threshold is None:
+        threshold = _from_env()
     libc = _libc()
-    if libc is None:
+    if libc is None or threshold == 0:
         return False
     done = libc.mallopt(M_MMAP_THRESHOLD, threshold) == 1 and libc.mallopt(M_TRIM_THRESHOLD, threshold) == 1
     libc.malloc_trim(0)  # what earlier work (model loading, an eval) left in the heap
     return done
+
+
+def _from_env() -> int:
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return THRESHOLD
+    if not raw.isdigit() or int(raw) > 32 * 1024:  # glibc's HEAP_MAX for the mmap threshold: 32 MiB
+        from rlkit.errors import UserError
+
+        raise UserError(f"{ENV}={raw!r}: give kilobytes from 0 (leave glibc's allocator alone) to 32768; "
+                        "128 keeps memory smallest, larger trains faster")
+    return int(raw) * 1024
