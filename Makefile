@@ -60,7 +60,8 @@ test-trl-newest: $(SMOLLM2_WHEEL)
 	$(VENV_NEWEST)/bin/python -m pip install --quiet -c $(VENV_NEWEST)/constraints.txt -e ".[dev]" "trl==$(TRL_NEWEST)"
 	$(OFFLINE) $(VENV_NEWEST)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
-# SmolLM2-135M-Instruct: base eval -> GRPO -> eval on three held-out sets (~15 min on 2 idle cores).
+# SmolLM2-135M-Instruct: base eval -> GRPO -> eval on the 8 arith-suite sets and GSM8K's 100 easiest
+# (8 min 52 s wall on 2 cores, peak RSS 4.6 GB: /usr/bin/time -v make demo).
 demo: install
 	$(OFFLINE) $(BIN)/rlkit demo
 

@@ -138,15 +138,14 @@ def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: b
 def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str, smoke: bool, source: str,
          checkpoint: Path | None, resume_command: str) -> Path:
     started = time.time()
-    if not cuda_available():  # RSS follows live tensors: the freed ones go back to the OS (see cpu_memory)
-        cpu_memory.keep_heap_small()
     trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint,
                                        config=config)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
     stop = _stop_on_signal()
     trainer.add_callback(stop)
     try:
-        with stop.installed():
+        # On CPU, RSS follows live tensors while training: freed ones go back to the OS (see cpu_memory).
+        with stop.installed(), cpu_memory.small_heap(active=not cuda_available()):
             trainer.train(**({"resume_from_checkpoint": str(checkpoint)} if checkpoint else {}))
     except _Stopped:
         pass

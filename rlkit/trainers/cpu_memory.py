@@ -23,14 +23,17 @@ It changes no number computed, only where the memory comes from. A no-op off gli
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
+from collections.abc import Iterator
 
 M_TRIM_THRESHOLD = -1  # <malloc.h>
 M_MMAP_THRESHOLD = -3
 THRESHOLD = 4 * 2**20  # kept fixed instead of growing to 32 MiB as freed mappings raise it
 ENV = "RLKIT_MMAP_THRESHOLD_KB"
+RELAXED_MMAP = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 
 def _libc():
@@ -54,6 +57,22 @@ def keep_heap_small(threshold: int | None = None) -> bool:
     done = libc.mallopt(M_MMAP_THRESHOLD, threshold) == 1 and libc.mallopt(M_TRIM_THRESHOLD, threshold) == 1
     libc.malloc_trim(0)  # what earlier work (model loading, an eval) left in the heap
     return done
+
+
+@contextlib.contextmanager
+def small_heap(active: bool = True) -> Iterator[bool]:
+    """``keep_heap_small()`` for the block (training), then the thresholds glibc's own adjustment would have
+    reached (mmap 32 MiB, trim 64 MiB): a fixed small threshold would slow every later step of the process
+    (an eval after training ran ~3x slower in `make demo-calc`), and glibc cannot go back to adjusting it."""
+    took = active and keep_heap_small()
+    try:
+        yield took
+    finally:
+        if took:
+            libc = _libc()
+            libc.mallopt(M_MMAP_THRESHOLD, RELAXED_MMAP)
+            libc.mallopt(M_TRIM_THRESHOLD, 2 * RELAXED_MMAP)
+            libc.malloc_trim(0)
 
 
 def _from_env() -> int:
