@@ -85,6 +85,22 @@ def test_synthetic_queries_cite_verbatim_facts():
         assert q["answer"] == ("Yes" if first < second else "No")
 
 
+
+def test_the_second_wording_asks_the_same_questions_in_shapes_the_first_never_uses():
+    corpus = articles(40)
+    classic, other = queries(corpus, 40, seed=5), queries(corpus, 40, seed=5, wording="other")
+    strip = [{k: v for k, v in q.items() if k != "query"} for q in classic]
+    assert [{k: v for k, v in q.items() if k != "query"} for q in other] == strip  # same answers and evidence
+    classic_shapes = ("Which company", "according to", "report higher", "published before", "What price did",
+                      "plans to hire", "will sell the", "has a chief executive", "reported quarterly")
+    for q in other:
+        assert not any(shape in q["query"] for shape in classic_shapes), q["query"]
+        assert all(e["source"] in q["query"] for e in q["evidence_list"])  # still names its outlets
+    assert all(any(shape in q["query"] for shape in classic_shapes) for q in classic)
+    with pytest.raises(ValueError, match="wording must be"):
+        queries(corpus, 4, wording="casual")
+
+
 # --- chunking ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("n", "size", "overlap", "expected"), [

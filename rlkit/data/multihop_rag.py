@@ -64,14 +64,16 @@ def load(source: Any):
     return ds
 
 
-def generate(n: int, seed: int = 0, articles: int = SYNTHETIC_ARTICLES, corpus_seed: int = SYNTHETIC_CORPUS_SEED):
-    """``n`` MultiHop-RAG-format queries over the synthetic corpus ``articles(articles, corpus_seed)``."""
+def generate(n: int, seed: int = 0, articles: int = SYNTHETIC_ARTICLES, corpus_seed: int = SYNTHETIC_CORPUS_SEED,
+             wording: str = "classic"):
+    """``n`` MultiHop-RAG-format queries over the synthetic corpus ``articles(articles, corpus_seed)``;
+    ``wording: other`` asks them in shapes the classic family never uses."""
     import datasets
 
     from rlkit.retrieval import synthetic
 
     corpus = synthetic.articles(articles, seed=corpus_seed)
-    return datasets.Dataset.from_list(synthetic.queries(corpus, n, seed=seed))
+    return datasets.Dataset.from_list(synthetic.queries(corpus, n, seed=seed, wording=wording))
 
 
 def chat_prompt(query: str, variant: str = "default") -> list[dict[str, str]]:

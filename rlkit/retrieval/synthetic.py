@@ -6,7 +6,8 @@ different dates between 2023-09-26 and 2023-12-26, and every body states concret
 growth, hiring plans, prices, what the chief executive said.
 
 `queries(articles, n, seed)` writes records in the format of `MultiHopRAG.json`, cycling through the
-four upstream question types. Like upstream, questions name outlets and dates, every `fact` in an
+four upstream question types. `wording="other"` asks the same kinds of question in shapes and phrases the
+classic family never uses (a check that what a model learned is not tied to the training wording). Like upstream, questions name outlets and dates, every `fact` in an
 `evidence_list` is a sentence copied verbatim from that article's body, and a null query asks about
 a company that is not in the corpus (answer exactly "Insufficient information.").
 """
@@ -54,6 +55,11 @@ _FACTS = {
     "ceo": ("{ceo}, the chief executive of {company}, said the {product} had {users} thousand users in its first week.",
             "has a chief executive who said the {product} had {users} thousand users in its first week"),
 }
+# The second wording family: the same facts, other clauses ("Name the firm that ...").
+_OTHER_CLAUSES = {"revenue": "saw its quarterly revenue rise {growth}%",
+                  "hiring": "intends to add {hires} engineers in {city}",
+                  "price": "priced the {product} at ${price}",
+                  "ceo": "is run by someone who said {users} thousand people used the {product} in its first week"}
 _FILLER = ["Analysts said the announcement reflects a wider shift in the {category} industry.",
            "The company did not respond to a request for further comment.",
            "Competitors are expected to respond with products of their own early next year."]
@@ -95,13 +101,17 @@ def articles(n: int, seed: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-def queries(corpus: list[dict[str, Any]], n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` questions in MultiHopRAG.json's format over `articles(...)` output, cycling through the four types."""
+def queries(corpus: list[dict[str, Any]], n: int, seed: int = 0, wording: str = "classic") -> list[dict[str, Any]]:
+    """`n` questions in MultiHopRAG.json's format over `articles(...)` output, cycling through the four types;
+    ``wording`` is ``classic`` or ``other`` (same answers and evidence for the same seed, other sentences)."""
+    if wording not in ("classic", "other"):
+        raise ValueError(f"wording must be 'classic' or 'other', not {wording!r}")
+    other = wording == "other"
     rng = random.Random(seed)
     by_company: dict[str, list[_Article]] = {}
     for article in corpus:
         facts = _parse(article["body"])
-        by_company.setdefault(facts["company"], []).append(_Article(article, facts))
+        by_company.setdefault(facts["company"], []).append(_Article(article, facts, other))
     multi = [group for group in by_company.values() if len(group) >= 2]
     if not multi or len(by_company) < 2:
         raise ValueError("synthetic queries need at least 4 articles")
@@ -111,24 +121,30 @@ def queries(corpus: list[dict[str, Any]], n: int, seed: int = 0) -> list[dict[st
         if kind == "inference_query":
             a, b = rng.sample(rng.choice(multi), 2)
             key_a, key_b = rng.sample(list(_FACTS), 2)
-            query = (f"Which company {a.clause(key_a)}, according to {a.cite()}, and {b.clause(key_b)}, "
-                     f"according to {b.cite()}?")
+            query = (f"Name the firm that {a.clause(key_a)} ({a.cite()}) and that {b.clause(key_b)} ({b.cite()})."
+                     if other else f"Which company {a.clause(key_a)}, according to {a.cite()}, and "
+                                   f"{b.clause(key_b)}, according to {b.cite()}?")
             answer, evidence = a.facts["company"], [a.evidence(key_a), b.evidence(key_b)]
         elif kind == "comparison_query":
             a, b = _two_companies(by_company, rng)
-            query = (f"Did {a.cite()} report higher revenue growth for {a.facts['company']} than {b.cite()} "
+            query = (f"Was the revenue growth of {a.facts['company']} ({a.cite()}) greater than that of "
+                     f"{b.facts['company']} ({b.cite()})?" if other else
+                     f"Did {a.cite()} report higher revenue growth for {a.facts['company']} than {b.cite()} "
                      f"reported for {b.facts['company']}?")
             higher = int(a.facts["growth"]) > int(b.facts["growth"])
             answer, evidence = _yes_no(higher), [a.evidence("revenue"), b.evidence("revenue")]
         elif kind == "temporal_query":
             a, b = _two_companies(by_company, rng)
-            query = (f"Was {a.source}'s report that {a.facts['company']} {a.clause('price')} published before "
+            query = (f"Did {a.source} say that {a.facts['company']} {a.clause('price')} earlier than {b.source} "
+                     f"said that {b.facts['company']} {b.clause('hiring')}?" if other else
+                     f"Was {a.source}'s report that {a.facts['company']} {a.clause('price')} published before "
                      f"{b.source}'s report that {b.facts['company']} {b.clause('hiring')}?")
             answer, evidence = _yes_no(a.date < b.date), [a.evidence("price"), b.evidence("hiring")]
         else:
             a = rng.choice(rng.choice(list(by_company.values())))
             company = f"{rng.choice(_NULL_PREFIXES)} {rng.choice(list(_CATEGORIES))}"
-            query = f"What price did {a.cite()} give for the {a.facts['product']} made by {company}?"
+            query = (f"How much does the {a.facts['product']} of {company} cost ({a.cite()})?" if other else
+                     f"What price did {a.cite()} give for the {a.facts['product']} made by {company}?")
             answer, evidence = NULL_ANSWER, []
         out.append({"query": query, "answer": answer, "question_type": kind, "evidence_list": evidence})
     return out
@@ -140,6 +156,7 @@ class _Article:
 
     record: dict[str, Any]
     facts: dict[str, str]
+    other: bool = False  # the second wording family
 
     @property
     def source(self) -> str:
@@ -150,10 +167,11 @@ class _Article:
         return datetime.fromisoformat(self.record["published_at"])
 
     def clause(self, key: str) -> str:
-        return _FACTS[key][1].format(**self.facts)
+        return (_OTHER_CLAUSES[key] if self.other else _FACTS[key][1]).format(**self.facts)
 
     def cite(self) -> str:
-        return f"{self.source} on {readable_date(self.record['published_at'])}"
+        date = readable_date(self.record["published_at"])
+        return f"as {self.source} reported it on {date}" if self.other else f"{self.source} on {date}"
 
     def evidence(self, key: str) -> dict[str, Any]:
         fields = ("title", "author", "url", "source", "category", "published_at")
