@@ -1,5 +1,5 @@
 """``rlkit demo``: the offline demos. SmolLM2-135M-Instruct with GRPO (the default), the calculator agent
-(``--calc``) and the random-initialised tiny model (``--tiny``)."""
+(``--calc``), the search agent (``--search``) and the random-initialised tiny model (``--tiny``)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,23 @@ from rlkit.errors import UserError
 
 def demo(
     output_dir: Path = typer.Option(None, "--output-dir", help="Where the demo's runs go (default runs/demo, "
-                                                              "runs/demo-calc or runs/demo-tiny)."),
+                                                              "runs/demo-calc, runs/demo-search or runs/demo-tiny)."),
     tiny: bool = typer.Option(False, "--tiny", help="The old demo: a random-initialised tiny Qwen3, SFT then GRPO."),
     calc: bool = typer.Option(False, "--calc", help="The calculator agent on SmolLM2: base -> SFT warm-up -> GRPO "
                                                     "with the tool, each evaluated (~20 min on 2 cores)."),
+    search: bool = typer.Option(False, "--search", help="The search agent on SmolLM2: base -> oracle teacher -> SFT "
+                                                        "-> GRPO with the retrieval tool, each evaluated."),
     gsm8k_test: Path = typer.Option(Path("../shared/data/gsm8k/test.jsonl"), "--gsm8k-test",
                                     help="GSM8K test JSONL for the easiest-items row (skipped when absent)."),
     set_: list[str] = SetOpt,
 ) -> None:
     """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again.
 
-    With --calc, each --set applies to both the SFT and the GRPO recipe.
+    With --calc or --search, each --set applies to both the SFT and the GRPO recipe.
     """
-    if tiny and calc:
-        raise UserError("--tiny and --calc name two different demos: pick one")
+    picked = [flag for flag, on in (("--tiny", tiny), ("--calc", calc), ("--search", search)) if on]
+    if len(picked) > 1:
+        raise UserError(f"{' and '.join(picked)} name different demos: pick one")
     if tiny:
         from rlkit.demos.tiny import run_demo as run_tiny_demo
 
@@ -35,6 +38,10 @@ def demo(
         from rlkit.demos.calc import run_calc_demo
 
         run_calc_demo(output_dir or Path("runs/demo-calc"), set_ or [])
+    elif search:
+        from rlkit.demos.search import run_search_demo
+
+        run_search_demo(output_dir or Path("runs/demo-search"), set_ or [])
     else:
         from rlkit.demos.arith import run_demo
 

@@ -7,9 +7,10 @@ growth, hiring plans, prices, what the chief executive said.
 
 `queries(articles, n, seed)` writes records in the format of `MultiHopRAG.json`, cycling through the
 four upstream question types. `wording="other"` asks the same kinds of question in shapes and phrases the
-classic family never uses (a check that what a model learned is not tied to the training wording). Like upstream, questions name outlets and dates, every `fact` in an
-`evidence_list` is a sentence copied verbatim from that article's body, and a null query asks about
-a company that is not in the corpus (answer exactly "Insufficient information.").
+classic family never uses (a check that what a model learned is not tied to the training wording).
+Like upstream, questions name outlets and dates, every `fact` in an `evidence_list` is a sentence copied
+verbatim from that article's body, and a null query asks about a company that is not in the corpus
+(answer exactly "Insufficient information.").
 """
 
 from __future__ import annotations
