@@ -1,0 +1,204 @@
+"""``make demo-search``: SmolLM2-135M-Instruct learns to search a closed news corpus, offline, on a CPU.
+
+The DeepSearch-RL pipeline at laptop scale, every stage through the code a GPU user runs:
+
+- the base model, evaluated as greedy agent episodes with the ``retrieval`` tool;
+- the teacher: ``rlkit rollout --oracle`` (a teacher that knows each question's gold evidence) on training
+  questions, through the rollout engine and success filter an ``--endpoint`` teacher goes through; its
+  successful episodes become SFT rows (``--sft-out``);
+- ``smol_search_sft`` on those rows, evaluated;
+- ``smol_search_grpo`` from the SFT adapter (F1 reward, agent eval every few steps, best step kept), evaluated.
+
+Each model is evaluated on the held-out synthetic questions, on a second wording family whose question
+shapes training never saw, and (when ``../shared/data/hotpotqa_closed`` is there) on HotpotQA's closed set
+through the bring-your-own-data recipe: real questions, transfer only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlkit import jsonl
+from rlkit.demos.stages import Stages, prepare
+from rlkit.recipe import recipes_dir
+
+SFT, GRPO, BYOD = "smol_search_sft.yaml", "smol_search_grpo.yaml", "hotpotqa_byod_grpo.yaml"
+HOTPOTQA = Path("../shared/data/hotpotqa_closed")
+TEACHER_QUESTIONS = 64
+SETS = [("held-out questions, training wording", "heldout", []),
+        ("new wording (question shapes never trained on)", "newwording",
+         ["data.eval.generator.wording=other", "data.eval.seed=777"])]
+# The smol model on HotpotQA through the BYOD recipe: its model, tool budget and generation length.
+_SMOL_ON_BYOD = ["model.name_or_path=rlkit/smollm2-135m-instruct", "model.backend=hf", "model.load_in_4bit=false",
+                 "model.dtype=bfloat16", "model.max_seq_length=1536", "env.max_turns=3", "retrieval.top_k=2",
+                 "eval.max_new_tokens=64", "eval.batch_size=16"]
+GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
+             "* = significant at 5%")
+
+
+def per_episode(results: dict[str, Any], key: str) -> list[float]:
+    """Each episode's ``key`` metric (``f1``, ``em``, ``evidence_recall``) in row order; missing scores 0."""
+    return [float((r.get("metrics") or {}).get(key) or 0.0) for r in jsonl.read_records(Path(results["trajectories"]))]
+
+
+def searches(results: dict[str, Any]) -> float:
+    """Mean tool calls per episode."""
+    episodes = jsonl.read_records(Path(results["trajectories"]))
+    return sum(len(e["tool_calls"]) for e in episodes) / len(episodes)
+
+
+def hotpotqa_data(output_dir: Path) -> Path | None:
+    """HotpotQA's closed set (all 100 questions: none is trained on) in the bring-your-own-data layout under
+    ``output_dir/hotpotqa``, written by ``examples/hotpotqa_byod.py`` as ``make hotpotqa-data`` does; None when
+    the data or the script is not there."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_byod.py"
+    if not (HOTPOTQA / "hotpotqa_train.json").is_file() or not script.is_file():
+        return None
+    out = output_dir / "hotpotqa"
+    subprocess.run([sys.executable, str(script), str(HOTPOTQA), str(out)], check=True, capture_output=True)
+    questions = "".join((out / name).read_text(encoding="utf-8") for name in ("train.jsonl", "eval.jsonl"))
+    (out / "all.jsonl").write_text(questions, encoding="utf-8")
+    return out
+
+
+def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_overrides: list[str] | None = None,
+                    *, teacher_questions: int = TEACHER_QUESTIONS, limit: int | None = None) -> dict[str, Any]:
+    """Base, SFT and GRPO search agents, each evaluated on every set (its first ``limit`` questions); returns
+    the summary also written to ``output_dir/demo.json``. ``overrides`` apply to both recipes and every eval;
+    of them, the ``model.*`` and ``eval.*`` keys also apply to the HotpotQA eval, which runs the BYOD recipe."""
+    from rich.console import Console
+
+    from rlkit import safety
+    from rlkit.agents.rollout import rollout
+    from rlkit.evaluate import evaluate
+    from rlkit.recipe import load_recipe
+    from rlkit.report import write_report
+    from rlkit.tiny import resolve_model_id
+    from rlkit.train import train
+
+    console = Console()
+    sft_recipe, grpo_recipe = recipes_dir() / SFT, recipes_dir() / GRPO
+    overrides = list(overrides or [])
+    output_dir = Path(output_dir)
+    teacher = output_dir / "teacher" / "sft_rows.jsonl"
+    sft_set = overrides + [f"data.train.path={json.dumps(str(teacher))}"]
+    output_dir = prepare(output_dir, [(grpo_recipe, overrides + list(grpo_overrides or []))])
+    sft_dir, grpo_dir = output_dir / "sft", output_dir / "grpo"
+    byod = hotpotqa_data(output_dir)
+    sets = SETS + ([("HotpotQA closed set (real questions, transfer only)", "hotpotqa",
+                     [f"retrieval.corpus={json.dumps(str(byod / 'corpus.json'))}",
+                      f"data.eval.path={json.dumps(str(byod / 'all.jsonl'))}"])] if byod else [])
+    byod_set = _SMOL_ON_BYOD + [o for o in overrides if o.startswith(("model.", "eval."))]
+    stages = Stages(console)
+
+    def evaluate_all(tag: str, model: str | None) -> list[dict[str, Any]]:
+        out = []
+        for label, slug, extra in sets:
+            recipe = recipes_dir() / BYOD if slug == "hotpotqa" else grpo_recipe
+            res = evaluate(recipe, model, overrides=(byod_set if slug == "hotpotqa" else overrides) + extra,
+                           out=output_dir / "eval" / f"{tag}-{slug}.json", limit=limit)
+            out.append({"results": res, "n": res["n"], "em": res["em"], "f1": res["f1"],
+                        "searches": searches(res)})
+            console.print(f"  {label}: EM {res['em']:.3f}, F1 {res['f1']:.3f}, "
+                          f"searches per episode {out[-1]['searches']:.2f} (n={res['n']})")
+        return out
+
+    console.rule("1/7  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
+    name = load_recipe(grpo_recipe, overrides).model.name_or_path
+    console.print(f"{name} -> {stages.run('model build / cache check', lambda: resolve_model_id(name))}")
+    console.rule("2/7  evaluate the base model (greedy agent episodes with the search tool)")
+    base = stages.run("base eval", lambda: evaluate_all("base", None))
+    console.rule(f"3/7  the teacher: oracle episodes on {teacher_questions} training questions -> SFT rows")
+    safety.remove(teacher.parent, "--output-dir")  # a previous run's, marked as rlkit's (or refused)
+    safety.make_dir(teacher.parent, "demo")
+    summary = stages.run("teacher rollout", lambda: rollout(
+        grpo_recipe, oracle=True, split="train", limit=teacher_questions, overrides=overrides,
+        out=teacher.parent / "trajectories.jsonl", sft_out=teacher, show_progress=False))
+    console.print(f"teacher: {summary['episodes']} episodes, {summary['successes']} successful -> "
+                  f"{summary['sft_rows']} SFT rows ({teacher}); `rlkit analyze {summary['path']}` for its tables")
+    console.rule(f"4/7  SFT on the teacher's successful trajectories ({SFT})")
+    stages.run("SFT training", lambda: train(sft_recipe, sft_set, output_dir=sft_dir, overwrite=True))
+    console.rule("5/7  evaluate after SFT")
+    sft = stages.run("SFT eval", lambda: evaluate_all("sft", str(sft_dir)))
+    console.rule(f"6/7  GRPO with the search tool, from the SFT adapter ({GRPO})")
+    grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
+    stages.run("GRPO training", lambda: train(grpo_recipe, grpo_set, output_dir=grpo_dir, overwrite=True))
+    console.rule("7/7  evaluate after GRPO")
+    grpo = stages.run("GRPO eval", lambda: evaluate_all("grpo", str(grpo_dir)))
+    (grpo_dir / "eval").mkdir(exist_ok=True)
+    for path in (output_dir / "eval").glob("*.json"):
+        shutil.copy(path, grpo_dir / "eval" / path.name)
+    write_report(grpo_dir)
+    rows = _rows(sets, base, sft, grpo)
+    _print_tables(console, rows)
+    _plot(rows, output_dir / "f1_by_stage.png")
+    return stages.finish(rows, output_dir)
+
+
+def _rows(sets: list[tuple[str, str, list[str]]], *stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per evaluated set: EM/F1/searches per stage, paired F1 gains, and F1 per question type."""
+    from rlkit.stats import paired
+
+    rows = []
+    for (label, slug, _), base, sft, grpo in zip(sets, *stages, strict=True):
+        f1 = {name: per_episode(s["results"], "f1") for name, s in (("base", base), ("sft", sft), ("grpo", grpo))}
+        by_type = {name: {kind: q.get("f1") for kind, q in s["results"]["by_question_type"].items() if kind != "all"}
+                   for name, s in (("base", base), ("sft", sft), ("grpo", grpo))}
+        rows.append({"set": label, "slug": slug, "n": base["n"],
+                     **{f"{name}_{key}": s[key] for name, s in (("base", base), ("sft", sft), ("grpo", grpo))
+                        for key in ("em", "f1", "searches")},
+                     "sft_minus_base": paired(f1["base"], f1["sft"]), "grpo_minus_sft": paired(f1["sft"], f1["grpo"]),
+                     "grpo_minus_base": paired(f1["base"], f1["grpo"]), "f1_by_type": by_type})
+    return rows
+
+
+def _print_tables(console: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    from rlkit.stats import show_diff
+
+    table = Table(title="rlkit search agent: SmolLM2-135M-Instruct, base -> SFT on teacher trajectories -> GRPO "
+                        "(greedy; F1 / EM; searches per episode)", caption=GAIN_NOTE)
+    for col in ("set", "n", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "searches"):
+        table.add_column(col, justify="left" if col == "set" else "right")
+    for r in rows:
+        table.add_row(r["set"], str(r["n"]),
+                      *(f"{r[f'{k}_f1']:.3f} / {r[f'{k}_em']:.2f}" for k in ("base", "sft", "grpo")),
+                      show_diff(r["sft_minus_base"]), show_diff(r["grpo_minus_sft"]),
+                      " -> ".join(f"{r[f'{k}_searches']:.2f}" for k in ("base", "sft", "grpo")))
+    console.print(table)
+    kinds = Table(title="F1 per question type: base -> SFT -> GRPO")
+    for col in ("set", "question type", "base", "after SFT", "after GRPO"):
+        kinds.add_column(col, justify="left" if col in ("set", "question type") else "right")
+    for r in rows:
+        for kind in r["f1_by_type"]["base"]:
+            kinds.add_row(r["slug"], kind, *(_show(r["f1_by_type"][k].get(kind)) for k in ("base", "sft", "grpo")))
+    console.print(kinds)
+
+
+def _show(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """F1 by stage, one line per evaluated set (a PNG next to demo.json)."""
+    from matplotlib.figure import Figure
+
+    from rlkit.report.charts import save
+
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for r in rows:
+        ax.plot(["base", "after SFT", "after GRPO"], [r["base_f1"], r["sft_f1"], r["grpo_f1"]], marker="o",
+                label=f"{r['slug']} (n={r['n']})")
+    ax.set_ylabel("F1 (greedy, mean over questions)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", frameon=False)
+    save(fig, "search agent: F1 by stage", path)
