@@ -113,6 +113,27 @@ def test_qa_correct_defaults_and_garbage():
     assert qa_correct(completions[:1], answer=["Federal Reserve"], scale=1.0, metric="em") == [0.0]
 
 
+def _episode(searches: int, answer: str) -> list[dict]:
+    turns = [[{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]},
+              {"role": "tool", "name": "search", "content": "[1] Hexanova Labs ..."}] for _ in range(searches)]
+    return [m for turn in turns for m in turn] + [{"role": "assistant", "content": f"<answer>{answer}</answer>"}]
+
+
+@pytest.mark.parametrize(("searches", "answer", "min_tool_calls", "expected"), [
+    (0, "Yes", 0, 1.0),            # the default: the answer alone counts
+    (0, "Yes", 1, 0.0),            # a guess without a search pays nothing
+    (1, "Yes", 1, 1.0),
+    (2, "No", 1, 0.0),             # searched, wrong
+    (1, "Hexanova", 2, 0.0),       # one search where two are asked for
+    (2, "Hexanova", 2, 2 / 3),     # F1 of "hexanova" against "hexanova labs" ... scale 1
+])
+def test_qa_correct_can_require_searches(searches, answer, min_tool_calls, expected):
+    gold = "Yes" if answer in ("Yes", "No") else "Hexanova Labs"
+    got = qa_correct([_episode(searches, answer)], answer=[gold], scale=1.0, min_tool_calls=min_tool_calls)
+    assert got == [pytest.approx(expected)]
+    assert qa_correct(["<answer>Yes</answer>"], answer=["Yes"], scale=1.0, min_tool_calls=1) == [0.0]  # plain text
+
+
 def test_qa_correct_rejects_a_bad_metric_and_mismatched_columns():
     with pytest.raises(ValueError, match=r"unknown metric 'accuracy'; valid: em, f1"):
         qa_correct(["x"], answer=["x"], metric="accuracy")

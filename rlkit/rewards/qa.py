@@ -103,14 +103,21 @@ def qa_scores(prediction_text: str, gold: str, aliases: Sequence[str] = ()) -> d
 _REWARD_METRICS = {"em": exact_match, "f1": f1}
 
 
-def qa_correct(completions: list, answer: list, scale: float = 2.0, metric: str = "f1", **kwargs) -> list[float]:
+def qa_correct(completions: list, answer: list, scale: float = 2.0, metric: str = "f1", min_tool_calls: int = 0,
+               **kwargs) -> list[float]:
     """``scale`` times the F1 (or EM, ``metric="em"``) of each completion's final answer against the gold.
 
     ``answer`` is the dataset's gold column; a gold that is not a string scores 0.0. With an ``aliases``
-    column (the ``qa`` task's), the best score over the answer and its aliases counts.
+    column (the ``qa`` task's), the best score over the answer and its aliases counts. ``min_tool_calls``
+    N scores 0.0 for an episode with fewer than N tool results: where half the questions are Yes/No, an
+    answer guessed without searching otherwise pays as much as one found.
 
     >>> qa_correct(["<answer>Lyon</answer>", "Answer: the city of Lyon", None], answer=["Lyon"] * 3)
     [2.0, 1.0, 0.0]
+    >>> searched = [{"role": "assistant", "tool_calls": [{}]}, {"role": "tool", "content": "Lyon ..."},
+    ...             {"role": "assistant", "content": "<answer>Yes</answer>"}]
+    >>> qa_correct([searched, "<answer>Yes</answer>"], answer=["Yes"] * 2, scale=1.0, min_tool_calls=1)
+    [1.0, 0.0]
     """
     if metric not in _REWARD_METRICS:
         raise ValueError(f"qa_correct: unknown metric {metric!r}; valid: {', '.join(_REWARD_METRICS)}")
@@ -118,9 +125,16 @@ def qa_correct(completions: list, answer: list, scale: float = 2.0, metric: str 
     aliases = kwargs.get("aliases") or [()] * len(answer)
     return [
         scale * max(score(final_answer(completion_text(completion)), g) for g in [gold, *(others or ())])
-        if isinstance(gold, str) else 0.0
+        if isinstance(gold, str) and tool_results(completion) >= min_tool_calls else 0.0
         for completion, gold, others in zip(completions, answer, aliases, strict=True)
     ]
+
+
+def tool_results(completion: object) -> int:
+    """How many tool results a conversational completion holds (0 for plain text)."""
+    if not isinstance(completion, (list, tuple)):
+        return 0
+    return sum(isinstance(m, dict) and m.get("role") == "tool" for m in completion)
 
 
 def has_answer_form(text: str) -> bool:
