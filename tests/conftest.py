@@ -34,7 +34,8 @@ def pytest_collection_modifyitems(config, items):
         cuda = torch.cuda.is_available()
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     ppo = importlib.util.find_spec("trl") is not None and importlib.util.find_spec("trl.experimental.ppo") is not None
-    no_ppo = pytest.mark.skip(reason="needs TRL's PPOTrainer: this TRL is >= 1.13, which removed it")
+    no_ppo = pytest.mark.skip(reason="needs TRL's PPOTrainer (TRL 1.12: trl/experimental/ppo/ppo_trainer.py:297); "
+                                     "TRL >= 1.13 no longer ships trl/experimental/ppo/")
     for item in items:
         if item.get_closest_marker("ppo") is not None and not ppo:
             item.add_marker(no_ppo)

@@ -1,6 +1,21 @@
-"""Shared by the tests that train GRPO with a tool on a scripted policy."""
+"""Shared by the tests that train GRPO with a tool on a scripted policy, and by those run on every shipped recipe."""
 
 import json
+
+import pytest
+import yaml
+
+from rlkit.recipe import shipped_recipes
+
+
+def is_ppo(path) -> bool:
+    return yaml.safe_load(path.read_text())["algorithm"] == "ppo"
+
+
+def shipped_recipe_params() -> list:
+    """Every shipped recipe as a pytest param named by its stem, the PPO ones marked ``ppo`` (tests/conftest.py
+    skips them on TRL >= 1.13, which no longer ships PPOTrainer)."""
+    return [pytest.param(p, id=p.stem, marks=[pytest.mark.ppo] if is_ppo(p) else []) for p in shipped_recipes()]
 
 
 def script_calculator(trainer, tok, golds: dict[str, str], tool_turn: str) -> list[dict]:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rlkit import compat
 from rlkit.recipe import recipes_dir
+from tests.helpers import is_ppo
 
 RLKIT = shutil.which("rlkit", path=str(Path(sys.executable).parent)) or shutil.which("rlkit")
 
@@ -75,8 +77,11 @@ def test_recipes_list_show_validate():
     assert res.returncode == 0 and "num_generations: 8" in res.stdout
     assert rlkit("recipes", "show", "gsm8k_grp").returncode == 2
     res = rlkit("recipes", "validate")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("✓") == len(list(recipes_dir().glob("*.yaml")))
+    # On TRL >= 1.13 (no PPOTrainer) each PPO recipe is a ✗ line (what it says: test_stack_range.py), the rest ✓.
+    ppo = [] if compat.has_ppo() else [p for p in recipes_dir().glob("*.yaml") if is_ppo(p)]
+    assert res.returncode == (2 if ppo else 0), res.stdout + res.stderr
+    assert res.stdout.count("✓") == len(list(recipes_dir().glob("*.yaml"))) - len(ppo)
+    assert res.stdout.count("✗") == len(ppo)
 
 
 def test_recipes_validate_reports_each_bad_file(tmp_path):

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from rlkit.doctor import CHEAP, run
-from rlkit.recipe import recipes_dir, shipped_recipes
+from rlkit.recipe import recipes_dir
+from tests.helpers import shipped_recipe_params
 from tests.scripted_server import ScriptedServer
 
 GRPO = recipes_dir() / "gsm8k_grpo.yaml"
@@ -44,7 +45,7 @@ def verdicts(report) -> dict[str, str]:
     return {f"{c.family}/{c.name}": c.verdict for c in report.checks}
 
 
-@pytest.mark.parametrize("path", shipped_recipes(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shipped_recipe_params())
 def test_every_shipped_recipe_is_a_go_with_smoke(path):
     report = run(path, smoke=True, gpu="l4-24gb")
     assert report.go, report.summary()

@@ -312,6 +312,7 @@ def test_pre_ampere_gpus_train_in_fp16_unless_the_recipe_says():
 # --- 10. score heads stay in float32 under a 16-bit model -------------------------------------------------
 
 
+@pytest.mark.ppo
 def test_a_bf16_value_models_score_head_is_float32_and_learns_at_ppo_learning_rates():
     from rlkit.trainers.ppo import _value_model
 

@@ -132,6 +132,7 @@ def test_continued_run_saves_one_adapter_and_records_its_start(sft_run, tmp_path
     assert moved == set(start), f"{len(moved)} of {len(start)} tensors changed"
 
 
+@pytest.mark.ppo
 def test_ppo_continues_the_adapter_with_a_frozen_reference(sft_run, tmp_path):
     run_dir = tmp_path / "ppo"
     run_dir.mkdir()

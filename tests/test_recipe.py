@@ -6,8 +6,9 @@ import sys
 import pytest
 
 from rlkit.errors import UserError
-from rlkit.recipe import apply_overrides, load_recipe, shipped_recipes
+from rlkit.recipe import apply_overrides, load_recipe
 from rlkit.trainers import check_trainer
+from tests.helpers import shipped_recipe_params
 
 GOOD = """\
 name: t
@@ -109,7 +110,7 @@ def test_smoke_changes_are_reported_and_override_wins(tmp_path):
     assert any(c.startswith("model.name_or_path: 'Qwen/Qwen3-1.7B'") for c in changes)
 
 
-@pytest.mark.parametrize("path", shipped_recipes(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shipped_recipe_params())
 def test_shipped_recipes_validate_as_is_and_in_smoke_mode(path):
     recipe = load_recipe(path)
     assert recipe.name == path.stem

@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from rlkit.recipe import shipped_recipes
 from rlkit.train import train
+from tests.helpers import shipped_recipe_params
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", shipped_recipes(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shipped_recipe_params())
 def test_shipped_recipe_runs_with_smoke(path, tmp_path):
     started = time.time()
     run_dir = train(path, smoke=True, output_dir=tmp_path / "run")

@@ -51,6 +51,7 @@ def test_ppo_without_ppotrainer_is_one_line():
                           capture_output=True, text=True, timeout=120)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in said and "trl>=1.12,<1.13" in said
+    assert "gsm8k_ppo.yaml:PPOneeds" in "".join(said.split())  # which recipe (among the many `validate` lists)
 
 
 @pytest.mark.parametrize("trl_version,triton,algorithm,refused", [

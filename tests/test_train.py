@@ -81,7 +81,9 @@ def test_train_writes_run_directory_and_refuses_reuse(sft_run):
     prov = resolved["provenance"]
     assert resolved["model"]["name_or_path"] == "rlkit/tiny-qwen3"
     assert "tiny-qwen3" in prov["model_loaded"] and prov["model_loaded"].endswith("tiny")
-    assert prov["versions"]["trl"] == "1.12.0" and prov["versions"]["torch"].startswith("2.13.0")
+    import trl
+
+    assert prov["versions"]["trl"] == trl.__version__ and prov["versions"]["torch"] == torch.__version__
     assert prov["smoke"] is True and prov["backend"] == "hf"
     with pytest.raises(UserError, match="not empty; pass --overwrite"):
         train(recipes_dir() / "gsm8k_sft.yaml", smoke=True, output_dir=out)

@@ -50,7 +50,10 @@ def trainer_config(recipe: Recipe, output_dir: str, source: str = "<recipe>",
     (:mod:`rlkit.backends.trl_config`).
     """
     algo = BUILDERS.get(recipe.algorithm)
-    cls = algo.config_class()
+    try:
+        cls = algo.config_class()
+    except UserError as e:  # this TRL lacks the trainer (PPO on TRL >= 1.13): name the recipe, as `validate` lists many
+        raise UserError(f"{source}: {e}") from None
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
     for key, value in recipe.trainer.items():
