@@ -77,7 +77,7 @@ def checks(ctx: Context) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
     questions = [_question(p) for p in rows["prompt"]]
 
     def wrap(texts: list[str]) -> list:
-        return [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        return [as_episode(t, recipe) for t in texts] if conversational else texts
 
     failed: set[str] = set()
 
@@ -187,10 +187,22 @@ def gold_totals(recipe: Recipe, rows: Any) -> list[float]:
     columns = {c: rows[c] for c in rows.column_names if c != "prompt"}
     best = [float("-inf")] * len(rows)
     for texts in zip(*[_gold_texts(str(a), thinking) for a in rows["answer"]], strict=True):
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else list(texts)
+        completions = [as_episode(t, recipe) for t in texts] if conversational else list(texts)
         totals, _ = rewards(rows["prompt"], completions, **columns)
         best = [max(b, t) for b, t in zip(best, totals, strict=True)]
     return best
+
+
+# The tool round before a probe's answer in a recipe with an env: rewards that ask for a search see one.
+_TOOL_ROUND = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "probe",
+                                                                    "function": {"name": "tool", "arguments": {}}}]},
+               {"role": "tool", "name": "tool", "content": "(a tool result)"}]
+
+
+def as_episode(text: str, recipe: Recipe) -> list[dict[str, Any]]:
+    """A probe as a conversational completion: the answer message, after one tool round if the recipe has an env
+    (as TRL hands a tool-using completion to the rewards: tool calls and results, then the final message)."""
+    return [*(_TOOL_ROUND if recipe.env is not None else []), {"role": "assistant", "content": text}]
 
 
 def _thinking(recipe: Recipe) -> bool:
