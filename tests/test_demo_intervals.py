@@ -4,6 +4,7 @@ zero-width bootstrap interval."""
 
 import io
 import json
+import re
 
 import pytest
 from rich.console import Console
@@ -67,3 +68,39 @@ def test_search_demo_rows_tables_and_plot_carry_intervals(tmp_path, monkeypatch)
     (bars,) = drawn["fig"].axes[0].containers  # one line with error bars per set
     ends = [[round(float(y), 4) for y in segment[:, 1]] for segment in bars.lines[2][0].get_segments()]
     assert ends == [[round(v, 4) for v in row[f"{k}_f1_interval"]] for k in ("base", "sft", "grpo")]
+
+
+def test_tiny_demo_table_and_demo_json_carry_intervals_and_paired_gains(tmp_path, monkeypatch, capsys):
+    """Scripted evals of 20 problems: untrained 2 right, SFT 12 (10 gained, none lost: exact McNemar
+    p = 2 * 0.5**10 = 0.002), SFT + GRPO 12 (problem 0 lost, problem 12 gained: p = 1)."""
+    import rlkit.evaluate
+    import rlkit.tiny
+    import rlkit.train
+    from rlkit.demos.tiny import run_demo
+
+    right = {"eval-untrained.json": range(2), "eval-sft.json": range(12), "eval-grpo.json": range(1, 13)}
+
+    def scripted(target, *, out):
+        examples = [{"prompt": f"q{i}", "prediction": "1", "completion": "#### 1", "correct": i in right[out.name]}
+                    for i in range(20)]
+        correct = sum(e["correct"] for e in examples)
+        return {"accuracy": correct / 20, "interval": list(wilson(correct, 20)), "n": 20, "examples": examples}
+
+    monkeypatch.setattr(rlkit.evaluate, "evaluate", scripted)
+    monkeypatch.setattr(rlkit.train, "train", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rlkit.tiny, "tiny_model_path", lambda size: "tiny")
+    monkeypatch.setenv("COLUMNS", "200")
+    rows = run_demo(tmp_path)
+    assert rows == json.loads((tmp_path / "demo.json").read_text())
+    untrained, sft, grpo = rows
+    assert untrained["gain"] is None and untrained["interval"] == pytest.approx([0.028, 0.301], abs=5e-4)
+    assert sft["gain"]["diff"] == pytest.approx(0.5) and sft["gain"]["p"] == pytest.approx(2 * 0.5 ** 10)
+    assert sft["gain"]["significant"] and sft["gain"]["test"] == "mcnemar"
+    assert grpo["gain"]["diff"] == 0.0 and grpo["gain"]["p"] == 1.0 and not grpo["gain"]["significant"]
+    lines = capsys.readouterr().out.splitlines()
+    (first,) = [line for line in lines if line.startswith("│ untrained")]
+    assert "0.100 [0.028, 0.301]" in first and re.search(r"│\s+-\s+│", first)  # no stage before it
+    (second,) = [line for line in lines if line.startswith("│ after SFT ") and "GRPO" not in line]
+    assert "0.600 [0.387, 0.781]" in second and re.search(r"\+0\.500 \[\+0\.\d{3}, \+0\.\d{3}\] p=0\.002 \*", second)
+    (third,) = [line for line in lines if line.startswith("│ after SFT + GRPO")]
+    assert "0.600 [0.387, 0.781]" in third and re.search(r"\+0\.000 \[-0\.\d{3}, \+0\.\d{3}\] p=1 ", third)
