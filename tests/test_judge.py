@@ -5,6 +5,7 @@ preflight; and a 2-step GRPO run trained against the judge from YAML and an envi
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -255,6 +256,49 @@ def test_an_unreachable_judge_fails_the_pre_launch_doctor_in_one_line(tmp_path, 
         (fail,) = [c for c in verdict.checks if c.verdict == "fail"]
         assert fail.name == "judge: endpoint" and evidence in fail.evidence and "\n" not in fail.evidence
         monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+
+
+def test_the_doctors_reward_card_scores_the_judge_and_shows_its_rows(tmp_path, judge_recipe, monkeypatch):
+    """The card puts `judge` (0/1 verdicts) next to `answer_format` through the scripted judge: the gold forms
+    earn 1, and so do the probes whose last answer line is the gold (the scripted judge, like many, reads the
+    last answer), which answer_format's half credit for "several answers" keeps below the gold. Under `on_failure: skip` a probe the judge cannot grade shows `-` (unscored) for the judge, and
+    the weighted total counts it as 0, as RewardSet does."""
+    from rlkit.doctor import run as doctor
+    from rlkit.doctor.render import markdown
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+
+    def rewards(server, cache, **more):
+        extra = "".join(f", {k}: {v}" for k, v in more.items())
+        return (f"rewards=[{{name: judge, args: {{endpoint: '{server.url}', model: {MODEL}, api_key_env: "
+                f"TEST_JUDGE_KEY, cache: '{tmp_path / cache}'{extra}}}}}, {{name: answer_format, weight: 0.5}}]")
+
+    with ScriptedServer(lambda body: {"content": judged(body)}, model=MODEL) as server:
+        report = doctor(judge_recipe(server.url), [rewards(server, "card.jsonl")], families=("rewards",), limit=2)
+    card = {row["completion"]: row for row in report.tables["reward card"]}
+    assert server.preflights and len(server.requests) == 2 * 11  # 3 gold forms + 8 probes, 2 rows, no repeats
+    assert card["gold"] == {"completion": "gold", "judge": 1.0, "answer_format": 1.0, "total": 1.5}
+    assert {label: row["judge"] for label, row in card.items()} == {
+        "gold": 1.0, "empty": 0.0, "format only, wrong answer": 0.0, "wrong answer tag": 0.0, "several answers": 1.0,
+        "question copied": 0.0, "unicode digits": 0.0, "answer in unclosed think": 1.0, "huge": 0.0}
+    assert card["format only, wrong answer"]["total"] == 0.5 and card["empty"]["total"] == 0.0
+    checks = {c.name: c for c in report.checks}
+    assert checks["judge: endpoint"].verdict == "ok" and checks["judge"].verdict == "ok"
+    # answer_format pays "several answers" half, so the total still ranks the gold first
+    assert checks["weighted total"].verdict == "ok" and "the best wrong probe 1.25" in checks["weighted total"].evidence
+    shown = markdown(report)
+    assert "| gold | 1 | 1 | 1.5 |" in shown and "| several answers | 1 | 0.5 | 1.25 |" in shown
+    assert "| format only, wrong answer | 0 | 1 | 0.5 |" in shown
+
+    def no_verdict_for_huge(body):  # the huge probe's tail is all sevens
+        return {"content": "hmm" if "7 7 7 7" in body["messages"][0]["content"] else judged(body)}
+
+    with ScriptedServer(no_verdict_for_huge, model=MODEL) as server:
+        report = doctor(judge_recipe(server.url), [rewards(server, "skip.jsonl", on_failure="skip", max_retries=0)],
+                        families=("rewards",), limit=2)
+    huge = next(row for row in report.tables["reward card"] if row["completion"] == "huge")
+    assert math.isnan(huge["judge"]) and huge["answer_format"] == 1.0 and huge["total"] == 0.5
+    assert "| huge | - | 1 | 0.5 |" in markdown(report)
 
 
 def test_the_judge_works_inside_a_running_event_loop(tmp_path):
