@@ -326,6 +326,40 @@ def test_rlkit_pairs_and_ppo_score_with_the_judge(judge_recipe, monkeypatch):
     assert per_reward["judge"][0] == 1.0 and 0 <= per_reward["judge"][1] < 0.5 and totals == per_reward["judge"]
 
 
+def test_under_skip_reward_set_pays_a_failed_judge_call_0(tmp_path, judge_recipe, monkeypatch):
+    """What docs/agents.md says of `on_failure: skip` outside GRPO: RewardSet (pairs, PPO, agent trajectories, the
+    doctor's probe) counts the judge's None as 0, so the total is the other rewards' alone."""
+    from rlkit.recipe import load_recipe
+    from rlkit.rewards import RewardSet
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    with ScriptedServer(lambda body: {"content": "hmm" if "#### 3" in body["messages"][0]["content"]
+                                      else judged(body)}, model=MODEL) as server:
+        judge = (f"{{name: judge, args: {{endpoint: '{server.url}', model: {MODEL}, api_key_env: TEST_JUDGE_KEY, "
+                 f"cache: false, on_failure: skip, max_retries: 0}}}}")
+        recipe = load_recipe(judge_recipe(server.url), [f"rewards=[{judge}, {{name: answer_format, weight: 0.5}}]"])
+        totals, per_reward = RewardSet(recipe.rewards)(["What is 2+5?", "What is 1+2?"], ["#### 7", "#### 3"],
+                                                        answer=["7", "3"])
+    assert per_reward == {"judge": [1.0, 0.0], "answer_format": [1.0, 1.0]} and totals == [1.5, 0.5]
+    assert len(server.requests) == 2  # one try each (max_retries 0): "#### 3" got no verdict
+
+
+def test_a_plain_task_eval_scores_with_the_answer_rule_and_never_asks_the_judge(tmp_path, judge_recipe, monkeypatch):
+    """`rlkit eval` of a recipe whose reward is the judge: a judge that would pass everything is never called, and the
+    accuracy is the gsm8k answer rule's."""
+    from rlkit.evaluate import evaluate
+    from rlkit.rewards.math import gsm8k_correct
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    with ScriptedServer(lambda body: {"content": "VERDICT: CORRECT\nSCORE: 1"}, model=MODEL) as server:
+        res = evaluate(judge_recipe(server.url), overrides=["data.eval={synthetic: 4, seed: 3}",
+                                                            "eval.max_new_tokens=8"],
+                       out=tmp_path / "eval.json", show_progress=False)
+    assert server.requests == [] and server.preflights == []
+    rule = gsm8k_correct([e["completion"] for e in res["examples"]], answer=[e["gold"] for e in res["examples"]])
+    assert res["n"] == 4 and res["accuracy"] == sum(rule) / 4 < 1.0  # the random tiny model does not solve them
+
+
 def test_garbage_text_reaches_the_judge_intact(tmp_path):
     """Braces, empty and None contents, odd gold values: the reward still asks the judge and returns floats."""
     seen = []
