@@ -166,7 +166,8 @@ def _settle(values: list, stats: Any, settings: Settings, on_failure: str, name:
         raise UserError(f"{name} reward: {failed} of {len(values)} judge requests to {settings.endpoint} "
                         f"(model {settings.model!r}) failed after {settings.max_retries} retries (last: "
                         f"{stats.last_error}); stopped rather than pay those completions 0. Check the judge server, "
-                        "raise `timeout`/`max_retries`, or set `on_failure: skip` to leave them unscored")
+                        "raise `timeout`/`max_retries`, or set `on_failure: skip` (None for them, which most callers "
+                        "count as 0: docs/agents.md)")
     return values
 
 
