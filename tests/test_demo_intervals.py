@@ -104,3 +104,19 @@ def test_tiny_demo_table_and_demo_json_carry_intervals_and_paired_gains(tmp_path
     assert "0.600 [0.387, 0.781]" in second and re.search(r"\+0\.500 \[\+0\.\d{3}, \+0\.\d{3}\] p=0\.002 \*", second)
     (third,) = [line for line in lines if line.startswith("│ after SFT + GRPO")]
     assert "0.600 [0.387, 0.781]" in third and re.search(r"\+0\.000 \[-0\.\d{3}, \+0\.\d{3}\] p=1 ", third)
+
+
+def test_search_plot_takes_an_interval_that_rounding_puts_just_past_the_mean(tmp_path, monkeypatch):
+    """Ten equal F1 of 0.1: the mean is 0.1 - 1e-17 or so while the bootstrap bounds are 0.1; matplotlib refuses a
+    negative error bar, which would end the demo after all its training."""
+    from rlkit.demos import search
+
+    f1 = [0.1] * 10
+    row = {"slug": "heldout", "n": 10, **{f"{k}_f1": sum(f1) / 10 for k in ("base", "sft", "grpo")},
+           **{f"{k}_f1_interval": list(bootstrap(f1)) for k in ("base", "sft", "grpo")}}
+    assert row["sft_f1"] < row["sft_f1_interval"][0]  # the case itself: 1.4e-17 below
+    drawn = {}
+    monkeypatch.setattr("rlkit.report.charts.save", lambda fig, title, path: drawn.update(fig=fig))
+    search._plot([row], tmp_path / "f1_by_stage.png")
+    (bars,) = drawn["fig"].axes[0].containers
+    assert all(abs(y - 0.1) < 1e-12 for segment in bars.lines[2][0].get_segments() for y in segment[:, 1])

@@ -230,8 +230,9 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     stages = ("base", "sft", "grpo")
     for i, r in enumerate(rows):
         means = [r[f"{k}_f1"] for k in stages]
-        below = [m - r[f"{k}_f1_interval"][0] for m, k in zip(means, stages, strict=True)]
-        above = [r[f"{k}_f1_interval"][1] - m for m, k in zip(means, stages, strict=True)]
+        # max(0, ...): when every F1 is equal the bounds are the mean, give or take a rounding error of either sign
+        below = [max(0.0, m - r[f"{k}_f1_interval"][0]) for m, k in zip(means, stages, strict=True)]
+        above = [max(0.0, r[f"{k}_f1_interval"][1] - m) for m, k in zip(means, stages, strict=True)]
         shift = 0.05 * (i - (len(rows) - 1) / 2)  # side by side, so one set's bars do not hide another's
         ax.errorbar([x + shift for x in range(len(stages))], means, yerr=[below, above], marker="o", capsize=4,
                     label=f"{r['slug']} (n={r['n']})")
