@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from rlkit.recipe import load_recipe, recipes_dir
+from rlkit.stats import wilson
 
 MULTIHOP = recipes_dir() / "multihop_rag_grpo.yaml"
 
@@ -18,6 +21,8 @@ def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_
     entries = [json.loads(line) for line in (tmp_path / "agent_eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in entries] == [2, 3]  # every 2 steps, and once at the end
     assert all(e["n"] == 3 and 0.0 <= e["f1"] <= 1.0 for e in entries)
+    assert all(e["f1_interval"][0] <= e["f1"] <= e["f1_interval"][1] for e in entries)
+    assert all(e["em_interval"] == pytest.approx(list(wilson(round(3 * e["em"]), 3)), abs=1e-4) for e in entries)
     best = json.loads((tmp_path / "best.json").read_text())
     top = max(entries, key=lambda e: (e["f1"], -e["step"]))
     assert best["step"] == top["step"] and best["f1"] == top["f1"] and "highest held-out F1" in best["why"]
@@ -28,13 +33,37 @@ def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_
 
     summary = write_report(tmp_path)
     report = (tmp_path / "report.md").read_text()
-    assert f"Step **{best['step']}**, kept in `best/`" in report and "agent_eval.png" in report
+    assert f"Step **{best['step']}**, kept in `best/`: {best['why']}." in report and "agent_eval.png" in report
     assert any(p.name == "agent_eval.png" for p in summary["plots"])
 
 
-def test_agent_eval_is_off_by_default_and_its_fields_are_strict():
-    import pytest
+def _records(right: int) -> list[dict]:
+    """Ten scored episodes: the first ``right`` answered exactly (F1 1), the others half right (F1 0.5)."""
+    return [{"metrics": {"f1": 1.0 if i < right else 0.5, "em": float(i < right)}, "tool_calls": [{}, {}]}
+            for i in range(10)]
 
+
+def test_agent_eval_rows_best_json_and_the_report_carry_intervals(tmp_path):
+    """EM 1/10 and 3/10: Wilson [0.018, 0.404] and [0.108, 0.603]; F1 of 3 ones and 7 halves: bootstrap [0.5, 0.8]."""
+    from rlkit.evaluate.during import scores, why
+    from rlkit.report import write_report
+    from tests.test_report import make_run
+
+    earlier, entry = scores(_records(1), 2, 1.0), scores(_records(3), 4, 1.234)
+    assert earlier["em_interval"] == pytest.approx([0.0179, 0.4042], abs=1e-4)
+    assert entry == {"step": 4, "n": 10, "f1": 0.65, "f1_interval": [0.5, 0.8], "em": 0.3,
+                     "em_interval": pytest.approx([0.1078, 0.6032], abs=1e-4), "searches": 2.0, "seconds": 1.23}
+    reason = why(entry, earlier)
+    assert reason == ("the highest held-out F1 (0.650 [0.500, 0.800]; EM 0.300 [0.108, 0.603]; greedy, n=10) of the "
+                      "agent evals so far; step 2 had F1 0.550 [0.500, 0.650]")
+    run = make_run(tmp_path / "run", "grpo", [{"step": 4, "reward": 0.5}])
+    (run / "best.json").write_text(json.dumps({**entry, "why": reason}))
+    write_report(run)
+    assert ("Step **4**, kept in `best/`: the highest held-out F1 (0.650 [0.500, 0.800]; EM 0.300 [0.108, 0.603]; "
+            "greedy, n=10)") in (run / "report.md").read_text()
+
+
+def test_agent_eval_is_off_by_default_and_its_fields_are_strict():
     from rlkit.errors import UserError
 
     assert load_recipe(MULTIHOP, []).eval.agent_every is None

@@ -121,6 +121,50 @@ def test_suite_on_a_run_puts_base_and_adapter_side_by_side(sft_run, tmp_path):
     assert "small" in result.output and "products" in result.output and "gain" in result.output
 
 
+def test_suite_cells_carry_wilson_intervals_and_the_gain_is_paired(tmp_path, monkeypatch):
+    """Scripted evals (no model): set `small` goes 2/10 -> 8/10 on the same problems (6 gained, none lost: exact
+    McNemar p = 2 * 0.5**6 = 0.031), `products` 10/20 -> 11/20 (one gained: p = 1)."""
+    import io
+
+    from rich.console import Console
+
+    import rlkit.evaluate
+    from rlkit.cli.suite import suite_table
+    from rlkit.stats import wilson
+
+    right = {(False, 1): range(2), (True, 1): range(8), (False, 2): range(10), (True, 2): range(11)}
+
+    def scripted(source, ref, *, limit, out, overrides, show_progress):
+        data = json.loads(overrides[0].removeprefix("data.eval="))
+        n = data["synthetic"]
+        examples = [{"prompt": f"q{i}", "correct": i in right[ref == "trained/adapter", data["seed"]]} for i in range(n)]
+        return {"model": ref, "n": n, "accuracy": sum(e["correct"] for e in examples) / n, "examples": examples,
+                "path": str(out)}
+
+    monkeypatch.setattr(rlkit.evaluate, "evaluate", scripted)
+    suite = load_suite(_tiny_suite(tmp_path, n=10))
+    suite.sets[1].eval["synthetic"] = 20
+    summary = run_suite(str(recipes_dir() / "tiny_arith_grpo.yaml"), suite, model="trained/adapter",
+                        out=tmp_path / "out", show_progress=False)
+    base, trained = (r["sets"] for r in summary["rows"])
+    assert base["small"]["interval"] == pytest.approx(list(wilson(2, 10)))
+    assert trained["products"]["interval"] == pytest.approx(list(wilson(11, 20)))
+    small, products = summary["gain"]["small"], summary["gain"]["products"]
+    assert small["diff"] == pytest.approx(0.6) and small["p"] == pytest.approx(2 * 0.5 ** 6) and small["significant"]
+    assert products["diff"] == pytest.approx(0.05) and products["p"] == 1.0 and not products["significant"]
+    assert json.loads((tmp_path / "out" / "suite.json").read_text())["gain"]["small"]["test"] == "mcnemar"
+    console = Console(file=io.StringIO(), width=240)
+    console.print(suite_table(summary))
+    lines = console.file.getvalue().splitlines()
+    (base_line,) = [line for line in lines if "base: rlkit/tiny-qwen3-small" in line]
+    assert "0.200 [0.057, 0.510] (2/10)" in base_line and "0.500 [0.299, 0.701] (10/20)" in base_line
+    (trained_line,) = [line for line in lines if "trained: trained/adapter" in line]
+    assert "0.800 [0.490, 0.943] (8/10)" in trained_line and "0.550 [0.342, 0.742] (11/20)" in trained_line
+    (gain_line,) = [line for line in lines if "gain" in line and "p=" in line]
+    assert re.search(r"\+0\.600 \[\+0\.\d{3}, \+0\.\d{3}\] p=0\.031 \*", gain_line)
+    assert re.search(r"\+0\.050 \[[-+]0\.\d{3}, \+0\.\d{3}\] p=1(?! \*)", gain_line)
+
+
 @pytest.mark.slow
 def test_real_model_suite_table_matches_plain_eval(smollm2_dir, tmp_path):
     """SmolLM2 on two sets: the suite's counts are those of `rlkit eval` with the same set as --set overrides."""

@@ -5,6 +5,7 @@ preflight; and a 2-step GRPO run trained against the judge from YAML and an envi
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -257,6 +258,49 @@ def test_an_unreachable_judge_fails_the_pre_launch_doctor_in_one_line(tmp_path, 
         monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
 
 
+def test_the_doctors_reward_card_scores_the_judge_and_shows_its_rows(tmp_path, judge_recipe, monkeypatch):
+    """The card puts `judge` (0/1 verdicts) next to `answer_format` through the scripted judge: the gold forms
+    earn 1, and so do the probes whose last answer line is the gold (the scripted judge, like many, reads the
+    last answer), which answer_format's half credit for "several answers" keeps below the gold. Under `on_failure: skip` a probe the judge cannot grade shows `-` (unscored) for the judge, and
+    the weighted total counts it as 0, as RewardSet does."""
+    from rlkit.doctor import run as doctor
+    from rlkit.doctor.render import markdown
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+
+    def rewards(server, cache, **more):
+        extra = "".join(f", {k}: {v}" for k, v in more.items())
+        return (f"rewards=[{{name: judge, args: {{endpoint: '{server.url}', model: {MODEL}, api_key_env: "
+                f"TEST_JUDGE_KEY, cache: '{tmp_path / cache}'{extra}}}}}, {{name: answer_format, weight: 0.5}}]")
+
+    with ScriptedServer(lambda body: {"content": judged(body)}, model=MODEL) as server:
+        report = doctor(judge_recipe(server.url), [rewards(server, "card.jsonl")], families=("rewards",), limit=2)
+    card = {row["completion"]: row for row in report.tables["reward card"]}
+    assert server.preflights and len(server.requests) == 2 * 11  # 3 gold forms + 8 probes, 2 rows, no repeats
+    assert card["gold"] == {"completion": "gold", "judge": 1.0, "answer_format": 1.0, "total": 1.5}
+    assert {label: row["judge"] for label, row in card.items()} == {
+        "gold": 1.0, "empty": 0.0, "format only, wrong answer": 0.0, "wrong answer tag": 0.0, "several answers": 1.0,
+        "question copied": 0.0, "unicode digits": 0.0, "answer in unclosed think": 1.0, "huge": 0.0}
+    assert card["format only, wrong answer"]["total"] == 0.5 and card["empty"]["total"] == 0.0
+    checks = {c.name: c for c in report.checks}
+    assert checks["judge: endpoint"].verdict == "ok" and checks["judge"].verdict == "ok"
+    # answer_format pays "several answers" half, so the total still ranks the gold first
+    assert checks["weighted total"].verdict == "ok" and "the best wrong probe 1.25" in checks["weighted total"].evidence
+    shown = markdown(report)
+    assert "| gold | 1 | 1 | 1.5 |" in shown and "| several answers | 1 | 0.5 | 1.25 |" in shown
+    assert "| format only, wrong answer | 0 | 1 | 0.5 |" in shown
+
+    def no_verdict_for_huge(body):  # the huge probe's tail is all sevens
+        return {"content": "hmm" if "7 7 7 7" in body["messages"][0]["content"] else judged(body)}
+
+    with ScriptedServer(no_verdict_for_huge, model=MODEL) as server:
+        report = doctor(judge_recipe(server.url), [rewards(server, "skip.jsonl", on_failure="skip", max_retries=0)],
+                        families=("rewards",), limit=2)
+    huge = next(row for row in report.tables["reward card"] if row["completion"] == "huge")
+    assert math.isnan(huge["judge"]) and huge["answer_format"] == 1.0 and huge["total"] == 0.5
+    assert "| huge | - | 1 | 0.5 |" in markdown(report)
+
+
 def test_the_judge_works_inside_a_running_event_loop(tmp_path):
     """A notebook already runs an event loop; the reward is still a plain synchronous call."""
     import asyncio
@@ -280,6 +324,40 @@ def test_rlkit_pairs_and_ppo_score_with_the_judge(judge_recipe, monkeypatch):
         rewards = RewardSet(load_recipe(judge_recipe(server.url)).rewards)
         totals, per_reward = rewards(["What is 2+5?", "What is 1+1?"], ["#### 7", "#### 3"], answer=["7", "2"])
     assert per_reward["judge"][0] == 1.0 and 0 <= per_reward["judge"][1] < 0.5 and totals == per_reward["judge"]
+
+
+def test_under_skip_reward_set_pays_a_failed_judge_call_0(tmp_path, judge_recipe, monkeypatch):
+    """What docs/agents.md says of `on_failure: skip` outside GRPO: RewardSet (pairs, PPO, agent trajectories, the
+    doctor's probe) counts the judge's None as 0, so the total is the other rewards' alone."""
+    from rlkit.recipe import load_recipe
+    from rlkit.rewards import RewardSet
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    with ScriptedServer(lambda body: {"content": "hmm" if "#### 3" in body["messages"][0]["content"]
+                                      else judged(body)}, model=MODEL) as server:
+        judge = (f"{{name: judge, args: {{endpoint: '{server.url}', model: {MODEL}, api_key_env: TEST_JUDGE_KEY, "
+                 f"cache: false, on_failure: skip, max_retries: 0}}}}")
+        recipe = load_recipe(judge_recipe(server.url), [f"rewards=[{judge}, {{name: answer_format, weight: 0.5}}]"])
+        totals, per_reward = RewardSet(recipe.rewards)(["What is 2+5?", "What is 1+2?"], ["#### 7", "#### 3"],
+                                                        answer=["7", "3"])
+    assert per_reward == {"judge": [1.0, 0.0], "answer_format": [1.0, 1.0]} and totals == [1.5, 0.5]
+    assert len(server.requests) == 2  # one try each (max_retries 0): "#### 3" got no verdict
+
+
+def test_a_plain_task_eval_scores_with_the_answer_rule_and_never_asks_the_judge(tmp_path, judge_recipe, monkeypatch):
+    """`rlkit eval` of a recipe whose reward is the judge: a judge that would pass everything is never called, and the
+    accuracy is the gsm8k answer rule's."""
+    from rlkit.evaluate import evaluate
+    from rlkit.rewards.math import gsm8k_correct
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    with ScriptedServer(lambda body: {"content": "VERDICT: CORRECT\nSCORE: 1"}, model=MODEL) as server:
+        res = evaluate(judge_recipe(server.url), overrides=["data.eval={synthetic: 4, seed: 3}",
+                                                            "eval.max_new_tokens=8"],
+                       out=tmp_path / "eval.json", show_progress=False)
+    assert server.requests == [] and server.preflights == []
+    rule = gsm8k_correct([e["completion"] for e in res["examples"]], answer=[e["gold"] for e in res["examples"]])
+    assert res["n"] == 4 and res["accuracy"] == sum(rule) / 4 < 1.0  # the random tiny model does not solve them
 
 
 def test_garbage_text_reaches_the_judge_intact(tmp_path):

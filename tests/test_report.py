@@ -138,7 +138,10 @@ def test_agent_run_has_tools_chart(tmp_path):
     assert imread(run / "plots" / "tools.png").shape[:2] == (1080, 1000)  # calls, failures, env: 3 panels
     assert {"tools/call_frequency", "tools/failure_frequency", "env/calls", "env/errors"} <= {
         r["metric"] for r in summary["rows"]}
-    assert "| ↳ comparison_query | 8 | 0.500 [0.215, 0.785] | | |"  # Wilson from n in (run / "report.md").read_text()
+    report = (run / "report.md").read_text()
+    # No interval recorded in the results file: Wilson's from n, 5/20 overall and 4/8 for the question type.
+    assert "| `rlkit/tiny-qwen3` | 20 | 0.250 [0.112, 0.469] | 9 | `eval/model0.json` |" in report
+    assert "| ↳ comparison_query | 8 | 0.500 [0.215, 0.785] | | |" in report
 
 
 def test_ppo_keys(tmp_path):

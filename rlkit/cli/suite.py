@@ -6,6 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkit.stats import show_accuracy, show_diff
+
+GAIN_CAPTION = ("gain: trained - base on the same problems, its 95% paired-bootstrap interval and p (exact McNemar "
+                "for right/wrong answers); * = significant at 5%")
+
 
 def eval_suite(target: str, suite_name: str, *, model: str | None, base: str | None, no_base: bool,
                limit: int | None, out: Path | None, overrides: list[str]) -> dict[str, Any]:
@@ -19,24 +24,25 @@ def eval_suite(target: str, suite_name: str, *, model: str | None, base: str | N
 
 
 def cell(entry: dict[str, Any]) -> str:
-    """``0.550 (55/100)``: the accuracy and the counts it comes from."""
-    return f"{entry['accuracy']:.3f} ({entry['correct']}/{entry['n']})"
+    """``0.550 [0.452, 0.644] (55/100)``: the accuracy, its 95% interval and the counts it comes from."""
+    return f"{show_accuracy(entry['accuracy'], entry['n'], entry.get('interval'))} ({entry['correct']}/{entry['n']})"
 
 
 def suite_table(summary: dict[str, Any]) -> Any:
-    """The suite's table: a row per model (base first), a column per set; a gain row when there are two."""
+    """The suite's table: a row per model (base first), a column per set; the paired gain row when there are two."""
     from rich.table import Table
 
     names = [s["name"] for s in summary["sets"]]
-    table = Table(title=f"eval suite {summary['suite']}: greedy accuracy (correct/n)")
+    gains = summary.get("gain")
+    table = Table(title=f"eval suite {summary['suite']}: greedy accuracy [95% interval] (correct/n)",
+                  caption=GAIN_CAPTION if gains else None)
     table.add_column("model")
     for name in names:
         table.add_column(name, justify="right")
     for row in summary["rows"]:
         table.add_row(f"{row['role']}: {row['model']}", *(cell(row["sets"][n]) for n in names))
-    if len(summary["rows"]) == 2:
-        first, second = (r["sets"] for r in summary["rows"])
-        table.add_row("gain", *(f"{second[n]['accuracy'] - first[n]['accuracy']:+.3f}" for n in names))
+    if gains:
+        table.add_row("gain", *(show_diff(gains[n]) for n in names))
     return table
 
 
@@ -45,7 +51,7 @@ def print_suite(summary: dict[str, Any]) -> None:
 
     console = Console()
     if not console.is_terminal:  # a log file or a pipe: wide enough for every set's column, never cut
-        console = Console(width=max(80, 48 + 17 * len(summary["sets"])))
+        console = Console(width=max(80, 48 + 36 * len(summary["sets"])))
     console.print(suite_table(summary))
     for s in summary["sets"]:
         if s["about"]:

@@ -39,11 +39,6 @@ GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstra
              "* = significant at 5%")
 
 
-def per_episode(results: dict[str, Any], key: str) -> list[float]:
-    """Each episode's ``key`` metric (``f1``, ``em``, ``evidence_recall``) in row order; missing scores 0."""
-    return [float((r.get("metrics") or {}).get(key) or 0.0) for r in jsonl.read_records(Path(results["trajectories"]))]
-
-
 def searches(results: dict[str, Any]) -> float:
     """Mean tool calls per episode."""
     episodes = jsonl.read_records(Path(results["trajectories"]))
@@ -142,20 +137,45 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
 
 def _rows(sets: list[tuple[str, str, list[str]]], *stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per evaluated set: EM/F1/searches per stage, paired F1 gains, and F1 per question type."""
+    """One row per evaluated set: EM/F1 (each with its 95% interval) and searches per stage, paired F1 gains, and
+    F1/EM per question type."""
     from rlkit.stats import paired
 
     rows = []
     for (label, slug, _), base, sft, grpo in zip(sets, *stages, strict=True):
-        f1 = {name: per_episode(s["results"], "f1") for name, s in (("base", base), ("sft", sft), ("grpo", grpo))}
-        by_type = {name: {kind: q.get("f1") for kind, q in s["results"]["by_question_type"].items() if kind != "all"}
-                   for name, s in (("base", base), ("sft", sft), ("grpo", grpo))}
+        named = (("base", base), ("sft", sft), ("grpo", grpo))
+        scores = {name: _scores(s["results"]) for name, s in named}
+        overall = {name: _quality(by_kind["all"]) for name, by_kind in scores.items()}
+        f1 = {name: by_kind["all"]["f1"] for name, by_kind in scores.items()}
         rows.append({"set": label, "slug": slug, "n": base["n"],
-                     **{f"{name}_{key}": s[key] for name, s in (("base", base), ("sft", sft), ("grpo", grpo))
-                        for key in ("em", "f1", "searches")},
+                     **{f"{name}_{key}": overall[name][key] for name, _ in named
+                        for key in ("em", "em_interval", "f1", "f1_interval")},
+                     **{f"{name}_searches": s["searches"] for name, s in named},
                      "sft_minus_base": paired(f1["base"], f1["sft"]), "grpo_minus_sft": paired(f1["sft"], f1["grpo"]),
-                     "grpo_minus_base": paired(f1["base"], f1["grpo"]), "f1_by_type": by_type})
+                     "grpo_minus_base": paired(f1["base"], f1["grpo"]),
+                     "by_type": {name: {kind: _quality(v) for kind, v in by_kind.items() if kind != "all"}
+                                 for name, by_kind in scores.items()}})
     return rows
+
+
+def _scores(results: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """Each episode's F1 and EM in row order, for all episodes (``"all"``) and per question type."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for record in jsonl.read_records(Path(results["trajectories"])):
+        metrics = record.get("metrics") or {}
+        for kind in ("all", *([record["question_type"]] if record.get("question_type") is not None else [])):
+            for key in ("f1", "em"):
+                out.setdefault(kind, {"f1": [], "em": []})[key].append(float(metrics.get(key) or 0.0))
+    return dict(sorted(out.items()))
+
+
+def _quality(scores: dict[str, list[float]]) -> dict[str, Any]:
+    """n, mean F1 with its 95% bootstrap interval, mean EM with its 95% Wilson interval (EM is right or wrong)."""
+    from rlkit.stats import bootstrap, wilson
+
+    f1, em = scores["f1"], scores["em"]
+    return {"n": len(f1), "f1": sum(f1) / len(f1), "f1_interval": list(bootstrap(f1)),
+            "em": sum(em) / len(em), "em_interval": list(wilson(round(sum(em)), len(em)))}
 
 
 def _print_tables(console: Any, rows: list[dict[str, Any]]) -> None:
@@ -164,40 +184,60 @@ def _print_tables(console: Any, rows: list[dict[str, Any]]) -> None:
     from rlkit.stats import show_diff
 
     table = Table(title="rlkit search agent: SmolLM2-135M-Instruct, base -> SFT on teacher trajectories -> GRPO "
-                        "(greedy; F1 / EM; searches per episode)", caption=GAIN_NOTE)
-    for col in ("set", "n", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "searches"):
-        table.add_column(col, justify="left" if col == "set" else "right")
+                        "(greedy; F1 [95% bootstrap interval], EM [95% Wilson interval]; searches per episode)",
+                  caption=GAIN_NOTE)
+    for col in ("set", "n", "metric", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "searches"):
+        table.add_column(col, justify="left" if col in ("set", "metric") else "right")
     for r in rows:
-        table.add_row(r["set"], str(r["n"]),
-                      *(f"{r[f'{k}_f1']:.3f} / {r[f'{k}_em']:.2f}" for k in ("base", "sft", "grpo")),
+        table.add_row(r["set"], str(r["n"]), "F1", *(_show(r, k, "f1") for k in ("base", "sft", "grpo")),
                       show_diff(r["sft_minus_base"]), show_diff(r["grpo_minus_sft"]),
                       " -> ".join(f"{r[f'{k}_searches']:.2f}" for k in ("base", "sft", "grpo")))
+        table.add_row("", "", "EM", *(_show(r, k, "em") for k in ("base", "sft", "grpo")), "", "", "",
+                      end_section=True)
     console.print(table)
-    kinds = Table(title="F1 per question type: base -> SFT -> GRPO")
-    for col in ("set", "question type", "base", "after SFT", "after GRPO"):
-        kinds.add_column(col, justify="left" if col in ("set", "question type") else "right")
+    kinds = Table(title="F1 [95% bootstrap interval] and EM [95% Wilson interval] per question type: "
+                        "base -> SFT -> GRPO")
+    for col in ("set", "question type", "n", "metric", "base", "after SFT", "after GRPO"):
+        kinds.add_column(col, justify="left" if col in ("set", "question type", "metric") else "right")
     for r in rows:
-        for kind in r["f1_by_type"]["base"]:
-            kinds.add_row(r["slug"], kind, *(_show(r["f1_by_type"][k].get(kind)) for k in ("base", "sft", "grpo")))
+        for kind, q in r["by_type"]["base"].items():
+            for key in ("f1", "em"):
+                kinds.add_row(r["slug"], kind, str(q["n"]), key.upper(),
+                              *(_show(r["by_type"][k].get(kind), None, key) for k in ("base", "sft", "grpo")))
     console.print(kinds)
 
 
-def _show(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def _show(row: dict[str, Any] | None, stage: str | None, key: str) -> str:
+    """``0.275 [0.201, 0.352]``: ``row[stage_key]`` (``row[key]`` without a stage) with its interval."""
+    from rlkit.stats import show
+
+    if row is None:
+        return "-"
+    prefix = f"{stage}_" if stage else ""
+    low, high = row[f"{prefix}{key}_interval"]
+    return show({"mean": row[f"{prefix}{key}"], "low": low, "high": high})
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """F1 by stage, one line per evaluated set (a PNG next to demo.json)."""
+    """F1 by stage with its 95% bootstrap interval as error bars, one line per evaluated set (a PNG next to
+    demo.json)."""
     from matplotlib.figure import Figure
 
     from rlkit.report.charts import save
 
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    for r in rows:
-        ax.plot(["base", "after SFT", "after GRPO"], [r["base_f1"], r["sft_f1"], r["grpo_f1"]], marker="o",
-                label=f"{r['slug']} (n={r['n']})")
-    ax.set_ylabel("F1 (greedy, mean over questions)")
+    stages = ("base", "sft", "grpo")
+    for i, r in enumerate(rows):
+        means = [r[f"{k}_f1"] for k in stages]
+        # max(0, ...): when every F1 is equal the bounds are the mean, give or take a rounding error of either sign
+        below = [max(0.0, m - r[f"{k}_f1_interval"][0]) for m, k in zip(means, stages, strict=True)]
+        above = [max(0.0, r[f"{k}_f1_interval"][1] - m) for m, k in zip(means, stages, strict=True)]
+        shift = 0.05 * (i - (len(rows) - 1) / 2)  # side by side, so one set's bars do not hide another's
+        ax.errorbar([x + shift for x in range(len(stages))], means, yerr=[below, above], marker="o", capsize=4,
+                    label=f"{r['slug']} (n={r['n']})")
+    ax.set_xticks(range(len(stages)), ["base", "after SFT", "after GRPO"])
+    ax.set_ylabel("F1 (greedy, mean over questions;\nbars: 95% bootstrap interval)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", frameon=False)

@@ -1,7 +1,8 @@
 """``make demo``: the whole pipeline on the built-in tiny model, offline, on a CPU.
 
 Builds the tiny model, evaluates it untrained, runs SFT on generated arithmetic word problems,
-evaluates, runs GRPO continuing from the SFT adapter, evaluates again, and prints what happened.
+evaluates, runs GRPO continuing from the SFT adapter, evaluates again, and prints what happened: each
+stage's accuracy with its 95% Wilson interval and its paired gain over the stage before (the same problems).
 Every stage goes through the same code as ``rlkit train`` / ``rlkit eval`` with the shipped
 recipes ``tiny_arith_sft`` and ``tiny_arith_grpo``.
 """
@@ -14,12 +15,17 @@ from pathlib import Path
 
 from rlkit.recipe import recipes_dir
 
+GAIN_CAPTION = ("gain: this stage minus the one before on the same problems (both recipes share the eval set), "
+                "its 95% bootstrap interval and exact McNemar p; * = significant at 5%")
+
 
 def run_demo(output_dir: Path) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
     from rlkit.evaluate import evaluate
+    from rlkit.evaluate.results import gain
+    from rlkit.stats import show_accuracy, show_diff
     from rlkit.tiny import TINY_MODEL_SMALL, tiny_model_path
     from rlkit.train import train
 
@@ -28,12 +34,16 @@ def run_demo(output_dir: Path) -> list[dict]:
     sft_recipe, grpo_recipe = recipes_dir() / "tiny_arith_sft.yaml", recipes_dir() / "tiny_arith_grpo.yaml"
     sft_dir, grpo_dir = output_dir / "sft", output_dir / "grpo"
     rows: list[dict] = []
+    evals: list[dict] = []  # each stage's results: the paired gain compares one with the one before
 
     def stage(name: str, seconds: float, results: dict) -> None:
         fmt = sum(e["prediction"] is not None and "####" in e["completion"] for e in results["examples"])
-        rows.append({"stage": name, "accuracy": results["accuracy"], "format": fmt / results["n"],
+        rows.append({"stage": name, "accuracy": results["accuracy"], "interval": results["interval"],
+                     "gain": gain(evals[-1], results) if evals else None, "format": fmt / results["n"],
                      "n": results["n"], "train_seconds": round(seconds, 1)})
-        console.print(f"[bold]{name}[/]: accuracy {results['accuracy']:.3f} on {results['n']} held-out problems")
+        evals.append(results)
+        accuracy = show_accuracy(results["accuracy"], results["n"], results["interval"])
+        console.print(f"[bold]{name}[/]: accuracy {accuracy} on {results['n']} held-out problems")
 
     started = time.time()
     console.rule("1/5  build the tiny model")
@@ -53,11 +63,14 @@ def run_demo(output_dir: Path) -> list[dict]:
     console.rule("5/5  evaluate after GRPO")
     stage("after SFT + GRPO", grpo_seconds, evaluate(grpo_dir, out=output_dir / "eval-grpo.json"))
 
-    table = Table(title="rlkit demo: tiny Qwen3 on held-out arithmetic word problems (greedy pass@1)")
-    for col in ("stage", "accuracy", "answer format", "examples", "train time (s)"):
+    table = Table(title="rlkit demo: tiny Qwen3 on held-out arithmetic word problems (greedy pass@1 "
+                        "[95% Wilson interval])", caption=GAIN_CAPTION)
+    for col in ("stage", "accuracy", "gain over the stage before [95%] p", "answer format", "examples",
+                "train time (s)"):
         table.add_column(col, justify="left" if col == "stage" else "right")
     for r in rows:
-        table.add_row(r["stage"], f"{r['accuracy']:.3f}", f"{r['format']:.2f}", str(r["n"]),
+        table.add_row(r["stage"], show_accuracy(r["accuracy"], r["n"], r["interval"]),
+                      show_diff(r["gain"]) if r["gain"] else "-", f"{r['format']:.2f}", str(r["n"]),
                       f"{r['train_seconds']:.0f}")
     console.print(table)
     console.print(f"total {time.time() - started:.0f}s; runs and per-example predictions in {output_dir}/")

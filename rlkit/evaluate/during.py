@@ -2,7 +2,9 @@
 on the first ``eval.agent_limit`` held-out questions (greedy, through the same episode engine as
 ``rlkit eval``), appends the scores to ``agent_eval.jsonl``, logs ``agent_eval/f1``, and keeps the best
 adapter in ``best/`` with ``best.json`` saying which step and why (the highest held-out F1; a tie keeps the
-earlier step). Small-model GRPO often peaks early and then collapses: ``best/`` is that peak.
+earlier step). Small-model GRPO often peaks early and then collapses: ``best/`` is that peak. F1 and EM carry
+their 95% intervals (bootstrap for F1, Wilson for EM, which is right or wrong) in both files: on a few questions,
+two steps' F1 often differ by less than an interval's width.
 """
 
 from __future__ import annotations
@@ -42,11 +44,7 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
         with torch.no_grad():
             episodes = run_episodes(rows, make_env, policy, max_turns=recipe.env.max_turns, show_progress=False)
         model.train(training)
-        records = score_episodes(episodes, recipe)
-        mean = lambda key: sum(r["metrics"].get(key, 0.0) for r in records) / max(len(records), 1)  # noqa: E731
-        entry = {"step": step, "n": len(records), "f1": round(mean("f1"), 4), "em": round(mean("em"), 4),
-                 "searches": round(sum(len(r["tool_calls"]) for r in records) / max(len(records), 1), 3),
-                 "seconds": round(time.time() - started, 2)}
+        entry = scores(score_episodes(episodes, recipe), step, time.time() - started)
         state_["last"] = step
         if not main:
             return
@@ -56,9 +54,7 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
         if best is None or entry["f1"] > best["f1"]:
             state_["best"] = entry
             model.save_pretrained(run_dir / "best")
-            why = (f"the highest held-out F1 ({entry['f1']:.3f}, greedy, n={entry['n']}) of the agent evals so far"
-                   + (f"; step {best['step']} had {best['f1']:.3f}" if best else ""))
-            (run_dir / "best.json").write_text(json.dumps({**entry, "why": why}, indent=2) + "\n")
+            (run_dir / "best.json").write_text(json.dumps({**entry, "why": why(entry, best)}, indent=2) + "\n")
 
     class AgentEval(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -76,3 +72,29 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
                 logs.update({"agent_eval/f1": last["f1"], "agent_eval/em": last["em"]})
 
     return AgentEval()
+
+
+def scores(records: list[dict[str, Any]], step: int, seconds: float) -> dict[str, Any]:
+    """One ``agent_eval.jsonl`` row: mean F1 and EM of the scored episodes, each with its 95% interval
+    (``f1_interval``: bootstrap; ``em_interval``: Wilson), searches per episode and the eval's seconds."""
+    from rlkit.stats import bootstrap, wilson
+
+    n = len(records)
+    f1 = [float(r["metrics"].get("f1") or 0.0) for r in records]
+    em = [float(r["metrics"].get("em") or 0.0) for r in records]
+    return {"step": step, "n": n, "f1": round(sum(f1) / max(n, 1), 4),
+            "f1_interval": [round(v, 4) for v in bootstrap(f1)], "em": round(sum(em) / max(n, 1), 4),
+            "em_interval": [round(v, 4) for v in wilson(round(sum(em)), n)],
+            "searches": round(sum(len(r["tool_calls"]) for r in records) / max(n, 1), 3), "seconds": round(seconds, 2)}
+
+
+def why(entry: dict[str, Any], best: dict[str, Any] | None) -> str:
+    """best.json's reason: this step's F1 and EM with their intervals, and the F1 of the step it displaced."""
+    return (f"the highest held-out F1 ({_show(entry, 'f1')}; EM {_show(entry, 'em')}; greedy, n={entry['n']}) "
+            "of the agent evals so far" + (f"; step {best['step']} had F1 {_show(best, 'f1')}" if best else ""))
+
+
+def _show(entry: dict[str, Any], key: str) -> str:
+    from rlkit.stats import show_accuracy
+
+    return show_accuracy(entry[key], bounds=entry.get(f"{key}_interval"))

@@ -20,8 +20,9 @@ A suite is a YAML file (shipped ones live in ``recipes/suites/``; ``--suite arit
 Every set is evaluated by ``rlkit eval``'s own code (:func:`rlkit.evaluate.evaluate`) with the set turned into
 recipe overrides, so the prompt, the tool and the answer rule are the training run's. Relative paths are read
 from the current directory, like a recipe's. Each set's results JSON (with every prediction) is written under
-the output folder; ``suite.json`` there holds the table: per model and set ``correct``, ``n`` and ``accuracy``
-(the counts an interval needs).
+the output folder; ``suite.json`` there holds the table: per model and set ``correct``, ``n``, ``accuracy`` and
+its 95% ``interval`` (:func:`rlkit.stats.interval`: Wilson for right/wrong scores), and with a base and a trained
+model, per set the paired ``gain`` on the same problems (:func:`rlkit.evaluate.results.gain`).
 """
 
 from __future__ import annotations
@@ -127,9 +128,12 @@ def plan(target: str, suite: Suite, model: str | None, base: str | None,
 def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str | None = None,
               no_base: bool = False, limit: int | None = None, out: Path | None = None,
               overrides: list[str] | None = None, show_progress: bool = True) -> dict[str, Any]:
-    """Evaluate each model on each set; write and return the summary (``rows``: one per model)."""
+    """Evaluate each model on each set; write and return the summary (``rows``: one per model; ``gain``: per set,
+    the second model minus the first on the same problems, when there are two)."""
     from rlkit.evaluate import evaluate
+    from rlkit.evaluate.results import gain, per_problem
     from rlkit.inference.reference import model_tag
+    from rlkit.stats import interval
 
     source, models = plan(target, suite, model, base, no_base)
     if out is None:
@@ -137,9 +141,10 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
     safety.check_target(out, "--out")
     summary_path = Path(out) / "suite.json"
     safety.check_replaceable_file(summary_path, "--out", ("suite", "rows"))
-    rows = []
+    rows, results = [], []
     for role, ref in models:
         cells: dict[str, Any] = {}
+        results.append({})
         label, tag = None, model_tag(ref if ref is not None else Path(source).name)
         for s in suite.sets:
             res = evaluate(source, ref, limit=limit, out=Path(out) / f"{role}-{tag}" / f"{s.name}.json",
@@ -148,10 +153,14 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
             n = res["n"]
             correct = (sum(bool(e["correct"]) for e in res["examples"]) if "examples" in res
                        else round(res["accuracy"] * n))
-            cells[s.name] = {"correct": correct, "n": n, "accuracy": correct / n, "results": res["path"]}
+            cells[s.name] = {"correct": correct, "n": n, "accuracy": correct / n,
+                             "interval": list(interval(per_problem(res))), "results": res["path"]}
+            results[-1][s.name] = res
         rows.append({"role": role, "model": label, "sets": cells})
     summary = {"suite": suite.name, "target": str(target),
                "sets": [{"name": s.name, "about": s.about} for s in suite.sets], "rows": rows}
+    if len(results) == 2:
+        summary["gain"] = {s.name: gain(results[0][s.name], results[1][s.name]) for s in suite.sets}
     safety.make_parent(summary_path, "eval")
     safety.write_text(summary_path, safety.dumps(summary, indent=2))
     summary["path"] = str(summary_path)

@@ -18,11 +18,12 @@ A recipe names them like any reward::
 
 Requests, cache, retries and metrics are :mod:`rlkit.rewards.judge_client`'s. **When the judge fails**
 (after ``max_retries`` retries of a request): ``on_failure: stop`` (the default) stops the run with one
-line saying how many requests failed and why; ``on_failure: skip`` leaves those completions unscored
-(``None``: TRL leaves a completion every reward skipped out of its group's baseline with advantage 0,
-and averages this reward over the rest). A judge failure never silently pays 0 in GRPO; ``rlkit pairs``,
-PPO's rule rewards and agent rollouts/evals sum rewards with ``None`` as 0 (``RewardSet``), so keep the
-default ``stop`` there.
+line saying how many requests failed and why; ``on_failure: skip`` returns ``None`` for those completions,
+and ``None`` is then 0 almost everywhere: TRL's GRPO keeps a completion out of its group's baseline (advantage
+0) only when *every* reward returned ``None`` for it, and otherwise sums the other rewards alone (a judge term
+of 0); ``rlkit pairs``, PPO's rule rewards, agent rollouts/evals and the doctor count ``None`` as 0
+(``RewardSet``). docs/agents.md says where each happens. ``rlkit eval``'s accuracy never calls the judge (the
+task's answer rule scores it).
 
 Before training, the doctor sends one request to each judge (an unreachable one is a single blocking
 line) and puts ``judge`` through the reward card: 11 batches of its 4 rows (gold forms and adversarial
@@ -165,7 +166,8 @@ def _settle(values: list, stats: Any, settings: Settings, on_failure: str, name:
         raise UserError(f"{name} reward: {failed} of {len(values)} judge requests to {settings.endpoint} "
                         f"(model {settings.model!r}) failed after {settings.max_retries} retries (last: "
                         f"{stats.last_error}); stopped rather than pay those completions 0. Check the judge server, "
-                        "raise `timeout`/`max_retries`, or set `on_failure: skip` to leave them unscored")
+                        "raise `timeout`/`max_retries`, or set `on_failure: skip` (None for them, which most callers "
+                        "count as 0: docs/agents.md)")
     return values
 
 

@@ -1,0 +1,122 @@
+"""The demos' closing tables and demo.json carry 95% intervals and paired gains (scripted eval results: no model,
+no training). Known values: Wilson(3, 10) = [0.108, 0.603], Wilson(0, 4) = [0, 0.490]; a constant F1 has a
+zero-width bootstrap interval."""
+
+import io
+import json
+import re
+
+import pytest
+from rich.console import Console
+
+from rlkit.stats import bootstrap, wilson
+
+# Ten questions, 0-5 bridge and 6-9 comparison; per stage the questions answered exactly, and the F1 of the rest.
+STAGES = {"base": ((), 0.0), "sft": ((0, 1, 2), 0.5), "grpo": ((0, 1, 2, 3, 6, 7), 0.25)}
+
+
+def _trajectories(tmp_path, stage):
+    right, partial = STAGES[stage]
+    path = tmp_path / f"{stage}.trajectories.jsonl"
+    with path.open("w") as f:
+        for i in range(10):
+            em = float(i in right)
+            f.write(json.dumps({"question_type": "bridge" if i < 6 else "comparison",
+                                "metrics": {"em": em, "f1": 1.0 if em else partial}}) + "\n")
+    return {"results": {"trajectories": str(path)}, "n": 10, "searches": 1.5}
+
+
+def _text(renderable) -> str:
+    console = Console(file=io.StringIO(), width=400)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def test_search_demo_rows_tables_and_plot_carry_intervals(tmp_path, monkeypatch):
+    from rlkit.demos import search
+
+    stages = [[_trajectories(tmp_path, stage)] for stage in STAGES]
+    (row,) = search._rows([("held-out", "heldout", [])], *stages)
+    assert row["base_f1"] == 0.0 and row["base_f1_interval"] == [0.0, 0.0]
+    assert row["base_em_interval"] == pytest.approx(list(wilson(0, 10))) and row["base_em_interval"][1] == pytest.approx(0.278, abs=5e-4)
+    assert row["sft_f1"] == pytest.approx(0.65) and row["sft_f1_interval"] == list(bootstrap([1.0] * 3 + [0.5] * 7))
+    assert row["sft_em"] == pytest.approx(0.3) and row["sft_em_interval"] == pytest.approx([0.108, 0.603], abs=5e-4)
+    assert row["grpo_em_interval"] == pytest.approx(list(wilson(6, 10)))
+    assert row["grpo_minus_sft"]["diff"] == pytest.approx(0.05) and row["sft_minus_base"]["diff"] == pytest.approx(0.65)
+    bridge, comparison = row["by_type"]["sft"]["bridge"], row["by_type"]["sft"]["comparison"]
+    assert bridge["n"] == 6 and bridge["em_interval"] == pytest.approx(list(wilson(3, 6)))
+    assert comparison["em"] == 0.0 and comparison["em_interval"] == pytest.approx([0.0, 0.490], abs=5e-4)
+    assert comparison["f1"] == 0.5 and comparison["f1_interval"] == [0.5, 0.5]
+    assert row["by_type"]["grpo"]["comparison"]["em_interval"] == pytest.approx(list(wilson(2, 4)))
+    assert json.loads(json.dumps([row]))[0] == row  # demo.json holds the rows as they are
+
+    console = Console(file=io.StringIO(), width=400)
+    search._print_tables(console, [row])
+    lines = console.file.getvalue().splitlines()
+    (f1_line,) = [line for line in lines if "held-out" in line]
+    assert "0.650 [0.500, 0.800]" in f1_line and "0.000 [0.000, 0.000]" in f1_line and "p=" in f1_line
+    (em_line,) = [line for line in lines if "│ EM " in line and "0.300" in line and "bridge" not in line]
+    assert "0.000 [0.000, 0.278]" in em_line and "0.300 [0.108, 0.603]" in em_line and "0.600 [0.313, 0.832]" in em_line
+    (bridge_em,) = [line for line in lines if "bridge" in line and "EM" in line]
+    assert "0.500 [0.188, 0.812]" in bridge_em and "0.667 [0.300, 0.903]" in bridge_em
+    (comparison_em,) = [line for line in lines if "comparison" in line and "EM" in line]
+    assert "0.000 [0.000, 0.490]" in comparison_em and "0.500 [0.150, 0.850]" in comparison_em
+
+    drawn = {}
+    monkeypatch.setattr("rlkit.report.charts.save", lambda fig, title, path: drawn.update(fig=fig))
+    search._plot([row], tmp_path / "f1_by_stage.png")
+    (bars,) = drawn["fig"].axes[0].containers  # one line with error bars per set
+    ends = [[round(float(y), 4) for y in segment[:, 1]] for segment in bars.lines[2][0].get_segments()]
+    assert ends == [[round(v, 4) for v in row[f"{k}_f1_interval"]] for k in ("base", "sft", "grpo")]
+
+
+def test_tiny_demo_table_and_demo_json_carry_intervals_and_paired_gains(tmp_path, monkeypatch, capsys):
+    """Scripted evals of 20 problems: untrained 2 right, SFT 12 (10 gained, none lost: exact McNemar
+    p = 2 * 0.5**10 = 0.002), SFT + GRPO 12 (problem 0 lost, problem 12 gained: p = 1)."""
+    import rlkit.evaluate
+    import rlkit.tiny
+    import rlkit.train
+    from rlkit.demos.tiny import run_demo
+
+    right = {"eval-untrained.json": range(2), "eval-sft.json": range(12), "eval-grpo.json": range(1, 13)}
+
+    def scripted(target, *, out):
+        examples = [{"prompt": f"q{i}", "prediction": "1", "completion": "#### 1", "correct": i in right[out.name]}
+                    for i in range(20)]
+        correct = sum(e["correct"] for e in examples)
+        return {"accuracy": correct / 20, "interval": list(wilson(correct, 20)), "n": 20, "examples": examples}
+
+    monkeypatch.setattr(rlkit.evaluate, "evaluate", scripted)
+    monkeypatch.setattr(rlkit.train, "train", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rlkit.tiny, "tiny_model_path", lambda size: "tiny")
+    monkeypatch.setenv("COLUMNS", "200")
+    rows = run_demo(tmp_path)
+    assert rows == json.loads((tmp_path / "demo.json").read_text())
+    untrained, sft, grpo = rows
+    assert untrained["gain"] is None and untrained["interval"] == pytest.approx([0.028, 0.301], abs=5e-4)
+    assert sft["gain"]["diff"] == pytest.approx(0.5) and sft["gain"]["p"] == pytest.approx(2 * 0.5 ** 10)
+    assert sft["gain"]["significant"] and sft["gain"]["test"] == "mcnemar"
+    assert grpo["gain"]["diff"] == 0.0 and grpo["gain"]["p"] == 1.0 and not grpo["gain"]["significant"]
+    lines = capsys.readouterr().out.splitlines()
+    (first,) = [line for line in lines if line.startswith("│ untrained")]
+    assert "0.100 [0.028, 0.301]" in first and re.search(r"│\s+-\s+│", first)  # no stage before it
+    (second,) = [line for line in lines if line.startswith("│ after SFT ") and "GRPO" not in line]
+    assert "0.600 [0.387, 0.781]" in second and re.search(r"\+0\.500 \[\+0\.\d{3}, \+0\.\d{3}\] p=0\.002 \*", second)
+    (third,) = [line for line in lines if line.startswith("│ after SFT + GRPO")]
+    assert "0.600 [0.387, 0.781]" in third and re.search(r"\+0\.000 \[-0\.\d{3}, \+0\.\d{3}\] p=1 ", third)
+
+
+def test_search_plot_takes_an_interval_that_rounding_puts_just_past_the_mean(tmp_path, monkeypatch):
+    """Ten equal F1 of 0.1: the mean is 0.1 - 1e-17 or so while the bootstrap bounds are 0.1; matplotlib refuses a
+    negative error bar, which would end the demo after all its training."""
+    from rlkit.demos import search
+
+    f1 = [0.1] * 10
+    row = {"slug": "heldout", "n": 10, **{f"{k}_f1": sum(f1) / 10 for k in ("base", "sft", "grpo")},
+           **{f"{k}_f1_interval": list(bootstrap(f1)) for k in ("base", "sft", "grpo")}}
+    assert row["sft_f1"] < row["sft_f1_interval"][0]  # the case itself: 1.4e-17 below
+    drawn = {}
+    monkeypatch.setattr("rlkit.report.charts.save", lambda fig, title, path: drawn.update(fig=fig))
+    search._plot([row], tmp_path / "f1_by_stage.png")
+    (bars,) = drawn["fig"].axes[0].containers
+    assert all(abs(y - 0.1) < 1e-12 for segment in bars.lines[2][0].get_segments() for y in segment[:, 1])
