@@ -86,7 +86,8 @@ def paired(before: Sequence[float], after: Sequence[float], *, seed: int = 0,
     """Before/after on the same problems: ``{"diff", "low", "high", "p", "test", "significant", "n"}``.
 
     ``diff`` is mean(after) - mean(before); [low, high] its 95% paired-bootstrap interval; ``p`` exact
-    McNemar for 0/1 scores, otherwise a paired bootstrap test of "no difference"; ``significant`` is p < 0.05.
+    McNemar for 0/1 scores, otherwise a paired bootstrap test of "no difference" (at least 1 / (samples + 1),
+    never 0); ``significant`` is p < 0.05.
     """
     import numpy as np
 
@@ -104,7 +105,9 @@ def paired(before: Sequence[float], after: Sequence[float], *, seed: int = 0,
         p, test = mcnemar(before, after), "mcnemar"
     else:
         centred = (d - observed)[index].mean(axis=1)  # the bootstrap world where the true difference is 0
-        p, test = float((np.abs(centred) >= abs(observed) - 1e-12).mean()), "paired bootstrap"
+        # (hits + 1) / (samples + 1): a Monte Carlo p-value is never 0 (Davison & Hinkley 1997, eq. 4.11)
+        hits = int((np.abs(centred) >= abs(observed) - 1e-12).sum())
+        p, test = (hits + 1) / (samples + 1), "paired bootstrap"
     return {"diff": observed, "low": float(low), "high": float(high), "p": p, "test": test,
             "significant": p < ALPHA, "n": int(d.size)}
 
