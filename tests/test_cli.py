@@ -60,6 +60,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.trains
 def test_use_vllm_without_gpu_is_refused(tmp_path):
     res = rlkit("train", recipes_dir() / "gsm8k_grpo.yaml", "--set", "model.backend=hf",
                 "--set", "model.load_in_4bit=false", "--output-dir", tmp_path / "run")
@@ -93,6 +94,7 @@ def test_recipes_validate_reports_each_bad_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.trains
 def test_smoke_train_then_eval_through_the_console_script(tmp_path):
     res = rlkit("train", recipes_dir() / "gsm8k_sft.yaml", "--smoke", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -205,6 +205,7 @@ def test_exit_codes_through_main(monkeypatch, tmp_path):
     assert cli(monkeypatch, "doctor", GRPO, "--smoke", "--write-filtered", existing) == 2
 
 
+@pytest.mark.trains
 def test_train_refuses_a_no_go_in_one_line_and_writes_nothing(monkeypatch, tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = cli(monkeypatch, "train", GRPO, "--smoke", "--output-dir", run_dir,
@@ -369,6 +370,7 @@ def test_learnability_runs_tool_episodes_for_an_agent_recipe():
     assert probe.verdict == "fail"
 
 
+@pytest.mark.trains
 def test_no_doctor_skips_the_checks(monkeypatch, tmp_path, capsys):
     # --resume of a run that does not exist fails right after the doctor's place: which error comes first shows
     # whether the doctor ran.

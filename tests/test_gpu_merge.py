@@ -92,3 +92,75 @@ def test_a_rank_launched_elsewhere_refuses_too(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(UserError, match="load_in_4bit under FSDP"):
         hf.load(ModelSpec(name_or_path=TINY_MODEL, load_in_4bit=True), training=True)
+
+
+# --- GPU memory between the merge's stages -------------------------------------------------------------------
+
+def test_the_gpu_cache_is_released_before_verification_loads_each_model(monkeypatch, tmp_path, tiny_model_dir):
+    """A real merge (bare 16-bit adapter) with CUDA made to look present: torch's cache is emptied after the
+    float32 merged model is freed, and again after the reference is freed, before the merged model loads."""
+    import gc
+    import weakref
+
+    import peft.peft_model
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rlkit.inference.load
+    import rlkit.merge
+    import rlkit.merge.verification
+    from rlkit.merge import merge
+
+    torch.manual_seed(0)
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                          LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "adapter")
+    del lora
+    gc.collect()
+
+    events, models = [], {}
+
+    def alive():
+        return sorted(name for name, ref in models.items() if ref() is not None)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)  # dtype auto: float32, as on CPU
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append(("empty_cache", alive())))
+    # Everything still runs on the CPU: rlkit's placement, PEFT's adapter loading and the check's fit test.
+    monkeypatch.setattr(hf, "device_map", lambda **kwargs: None)
+    monkeypatch.setattr(peft.peft_model, "infer_device", lambda: "cpu")
+    monkeypatch.setattr(rlkit.merge.verification, "fits_on_gpu", lambda model: False)
+
+    real_save, real_with_adapter = rlkit.merge.save, rlkit.inference.load.with_adapter
+    real_from_pretrained = AutoModelForCausalLM.from_pretrained.__func__
+
+    def save(model, *args):
+        models["float32 merged"] = weakref.ref(model)
+        events.append(("save", alive()))
+        return real_save(model, *args)
+
+    def with_adapter(*args):
+        model = real_with_adapter(*args)
+        models["reference"] = weakref.ref(model)
+        events.append(("load reference", alive()))
+        return model
+
+    def from_pretrained(cls, name, *args, **kwargs):
+        if ".merging-" in str(name):
+            events.append(("load merged", alive()))
+        return real_from_pretrained(cls, name, *args, **kwargs)
+
+    monkeypatch.setattr(rlkit.merge, "save", save)
+    monkeypatch.setattr(rlkit.inference.load, "with_adapter", with_adapter)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(from_pretrained))
+    report = merge(tmp_path / "adapter", tmp_path / "out", base_model=str(tiny_model_dir), dtype="float32",
+                   show_progress=False)
+    assert report["metrics"]["max_abs_logit_diff"] <= 1e-4  # the merge itself still works
+    assert events == [
+        ("save", ["float32 merged"]),
+        ("empty_cache", []),  # the float32 copy is gone before its cached blocks are handed back
+        ("load reference", ["reference"]),
+        ("empty_cache", []),  # ... and the reference, before the merged model is loaded and sized
+        ("load merged", []),
+    ]

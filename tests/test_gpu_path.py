@@ -36,6 +36,7 @@ def qlora_run(tmp_path_factory):
                  smoke=True, output_dir=tmp_path_factory.mktemp("qlora") / "run")
 
 
+@pytest.mark.trains
 def test_run_records_the_loaded_base_and_the_exact_trl_config(qlora_run):
     provenance = yaml.safe_load((qlora_run / "recipe.resolved.yaml").read_text())["provenance"]
     base = provenance["base_model"]
@@ -68,6 +69,7 @@ def swapped_run(qlora_run, tmp_path_factory):
     return run, prequantized
 
 
+@pytest.mark.trains
 def test_merge_uses_the_recorded_base_not_the_recipes_name(swapped_run, tmp_path):
     from rlkit.merge import merge, read_source
 
@@ -82,6 +84,7 @@ def test_merge_uses_the_recorded_base_not_the_recipes_name(swapped_run, tmp_path
     assert m["adapter_effect_max_abs_logit"] > 1e-3  # the check compares something the adapter changed
 
 
+@pytest.mark.trains
 def test_eval_loads_the_adapter_on_the_recorded_base(swapped_run):
     from rlkit.inference.load import load
     from rlkit.inference.reference import model_ref
@@ -345,6 +348,7 @@ def test_a_bf16_value_models_score_head_is_float32_and_learns_at_ppo_learning_ra
 # --- 13. odds and ends ------------------------------------------------------------------------------------
 
 
+@pytest.mark.trains
 def test_colocated_vllm_refuses_pre_quantized_names_on_hf():
     from rlkit.train import _check_machine
 

@@ -29,6 +29,9 @@ QLORA = ["model.load_in_4bit=true", "model.dtype=float32", "trainer.learning_rat
 # bf16 merge had max |Δlogits| 0.004-0.011, mean 3.5e-4-5.2e-4, top-1 0.978-1.0 (flips only where the
 # reference's own top-2 margin was < 3e-3) and greedy match 0.67-1.0; the merge onto the original weights
 # had max 0.17-0.39, mean 0.010-0.018, top-1 0.81-0.95 (flips at margins 0.06-0.18), greedy 0.17-0.83.
+# In rounding units (eps * max|reference logit|; positions now include the reference's greedy continuation),
+# 21 float32- and bf16-recipe inits: correct merges flipped top-1 at <= 1.43 units with mean KL <= 0.07 units^2;
+# merges onto the original weights had flips at up to >= 9.9 units and mean KL >= 4.8 (docs/merging.md).
 
 
 def train_run(out, extra=()):
@@ -76,6 +79,7 @@ def test_faithful_bf16_merge_reproduces_the_adapter_on_its_4bit_base(faithful):
     # The adapter matters: it moves the logits far more than the merge error (~200x here).
     assert m["adapter_effect_max_abs_logit"] > max(0.5, 20 * m["max_abs_logit_diff"])
     assert m["tokenizer"] == {"chat_template_equal": True, "vocab_equal": True, "prompt_ids_equal": True}
+    assert m["rounding_eps"] == 2**-7 and m["decided_flips"] == 0 and m["beyond_rounding"] == []
 
 
 def test_merged_dir_loads_with_plain_transformers(faithful, tiny_model_dir):
@@ -109,6 +113,29 @@ def test_original_weights_merge_drifts_further(faithful, original):
     # Its top-1 changes are real decisions, not broken ties.
     assert o["top1_agreement"] < 0.97 and o["top1_flip_max_ref_margin"] > 0.03 and o["greedy_match"] < 1.0
     assert "drifts" in original["base_mode_note"] and "faithful" in faithful["base_mode_note"]
+    # Beyond what bf16 rounding does: top-1 changes where the adapter was decided, and KL.
+    assert o["decided_flips"] >= 3 and o["top1_flip_max_ref_margin_units"] > 8 and o["mean_kl_units"] > 2
+    assert len(o["beyond_rounding"]) == 2 and f["beyond_rounding"] == []
+
+
+def test_a_correct_bf16_merge_whose_greedy_decodes_differ_raises_no_warning(tmp_path, caplog):
+    """The false warning of issue 26: a bf16 recipe (the reference computes in bf16), seed 1. The faithful merge
+    changes greedy decodes, but only where the reference was tied within rounding; the naive one is flagged."""
+    from rlkit.merge.report import warn_if_unfaithful
+
+    run = train_run(tmp_path / "run", ["model.dtype=bfloat16", "trainer.seed=1"])
+    with caplog.at_level("WARNING", logger="rlkit"):
+        report = merge(run, tmp_path / "bf16", show_progress=False)
+    m = report["metrics"]
+    # Measured: greedy 0.5, top-1 0.969 (7 flips in 227 positions, the largest at 0.87 units), mean KL 0.032 units^2.
+    assert m["greedy_match"] < 1.0 and m["top1_agreement"] < 1.0  # the old rule (greedy < 1) warned here
+    assert m["decided_flips"] == 0 and m["top1_flip_max_ref_margin_units"] <= 2 and m["mean_kl_units"] < 0.5
+    assert m["beyond_rounding"] == [] and not [r for r in caplog.records if r.name == "rlkit"]
+    naive = merge(run, tmp_path / "orig", base="original", show_progress=False)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlkit"):
+        warn_if_unfaithful({**naive, "base_mode": "dequantized"})  # the rule, applied to a wrong merge
+    assert naive["metrics"]["decided_flips"] > 0 and "where the adapter was decided" in caplog.text
 
 
 def test_float32_merge_is_exact_and_overwrite_is_explicit(run_dir, adapter_before, tmp_path):
@@ -248,7 +275,7 @@ def test_compare_on_hand_made_logits():
     # reference's margin was 0.1, and greedy decoding differs.
     ref_a, new_a = torch.tensor([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0]]), torch.tensor([[3.0, 1.0, 0.5], [0.0, 2.0, 1.0]])
     ref_b, new_b = torch.tensor([[1.0, 0.9, 0.0]]), torch.tensor([[0.8, 1.0, 0.0]])
-    c = compare([(ref_a, [5, 6]), (ref_b, [1])], [(new_a, [5, 6]), (new_b, [2])])
+    c = compare([(ref_a, [5, 6]), (ref_b, [1])], [(new_a, [5, 6]), (new_b, [2])], eps=2**-7)
 
     def kl(p, q):  # KL(softmax(p) || softmax(q)), by hand
         zp, zq = sum(math.exp(x) for x in p), sum(math.exp(x) for x in q)
@@ -264,12 +291,67 @@ def test_compare_on_hand_made_logits():
     assert a["max_abs_logit_diff"] == pytest.approx(0.5) and a["mean_kl"] == pytest.approx(kls[0] / 2, rel=1e-6)
     assert (b["tokens"], b["top1_agreement"], b["greedy_match"]) == (1, 0.0, False)
     assert b["max_abs_logit_diff"] == pytest.approx(0.2) and b["top1_flip_max_ref_margin"] == pytest.approx(0.1)
+    # Rounding units: eps * max|ref logit| per position (A: 3/128 and 2/128, B: 1/128). B's flip was decided
+    # (margin 0.1 = 12.8 units > 4); KL in units squared, averaged over positions.
+    assert c["rounding_eps"] == 2**-7 and c["top1_flip_max_ref_margin_units"] == pytest.approx(12.8)
+    assert c["decided_flips"] == 1 and (a["decided_flips"], b["decided_flips"]) == (0, 1)
+    units = [3 / 128, 2 / 128, 1 / 128]
+    assert c["mean_kl_units"] == pytest.approx(sum(k / u**2 for k, u in zip(kls, units, strict=True)) / 3, rel=1e-6)
+    assert len(c["beyond_rounding"]) == 2 and "1 top-1 change(s)" in c["beyond_rounding"][0]
+
+
+def report_of(reference, merged, eps=2**-7, mode="dequantized"):
+    from rlkit.merge.verification import compare
+
+    checks = compare(reference, merged, eps=eps)
+    checks["tokenizer"] = {"chat_template_equal": True}
+    return {"metrics": checks, "base_mode": mode, "dtype": "bfloat16", "path": "merge_report.json"}
+
+
+def test_a_near_tie_flip_is_rounding_and_a_decided_flip_is_not(caplog):
+    """A correct bf16 merge breaks the reference's exact ties either way (SmolLM2 in bf16: 6 of 7 flips at
+    margin 0.0, logits ~25 quantized in steps of 0.125) and may change a greedy decode there; only a top-1
+    change where the reference was decided, or KL beyond the dtype's rounding, is a warning."""
+    from rlkit.merge.report import warn_if_unfaithful
+
+    ref = torch.tensor([[24.0, 24.0, 10.0], [25.0, 24.875, 3.0], [20.0, 18.0, 0.0]])
+    # Rounding: the tie and the one-ulp lead (0.125 = 0.64 units of 25/128) both go the other way.
+    rounded = torch.tensor([[23.98, 24.02, 10.01], [24.97, 24.99, 3.0], [20.01, 17.99, 0.0]])
+    tie = report_of([(ref, [0, 0, 0])], [(rounded, [1, 1, 0])])
+    m = tie["metrics"]
+    assert m["top1_agreement"] == pytest.approx(1 / 3) and m["greedy_match"] == 0.0
+    assert m["decided_flips"] == 0 and m["top1_flip_max_ref_margin_units"] == pytest.approx(0.64)
+    assert m["mean_kl_units"] < 0.1 and m["beyond_rounding"] == []
+    with caplog.at_level("WARNING", logger="rlkit"):
+        warn_if_unfaithful(tie)
+    assert caplog.records == []
+    # A wrong merge: the third position's 2.0 lead (12.8 units of 20/128) is overturned.
+    wrong = torch.tensor([[23.98, 24.02, 10.01], [25.0, 24.875, 3.0], [19.0, 19.5, 0.0]])
+    decided = report_of([(ref, [0, 0, 0])], [(wrong, [1, 0, 1])])
+    assert decided["metrics"]["decided_flips"] == 1
+    with caplog.at_level("WARNING", logger="rlkit"):
+        warn_if_unfaithful(decided)
+    assert len(caplog.records) == 1 and "1 top-1 change(s) where the adapter was decided" in caplog.text
+    # KL beyond rounding without any top-1 change: the runner-up pushed down by 4.0 (~20 units), the last up.
+    caplog.clear()
+    drift = report_of([(ref, [0, 0, 0])], [(ref + torch.tensor([0.0, -4.0, 4.0]), [0, 0, 0])])
+    assert drift["metrics"]["decided_flips"] == 0 and drift["metrics"]["mean_kl_units"] > 1
+    with caplog.at_level("WARNING", logger="rlkit"):
+        warn_if_unfaithful(drift)
+    assert len(caplog.records) == 1 and "mean KL" in caplog.text
+    # The unit scales with eps: at eps 2^-4 (a unit of 1.25 at logit 20) the same 2.0 lead is 1.6 units, a
+    # near-tie. --base original is expected to drift and never warns.
+    assert report_of([(ref, [0, 0, 0])], [(wrong, [1, 0, 1])], eps=2**-4)["metrics"]["decided_flips"] == 0
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlkit"):
+        warn_if_unfaithful(report_of([(ref, [0, 0, 0])], [(wrong, [1, 0, 1])], mode="original"))
+    assert caplog.records == []
 
 
 def test_verify_measures_a_merge_that_left_the_adapter_out(tmp_path, tiny_model_dir):
     """verify() on a LoRA with a known effect: the true merge matches it, the bare base differs by exactly
-    the adapter's effect."""
-    from peft import LoraConfig, get_peft_model
+    the adapter's effect, and both it and a merge at twice the LoRA scaling are flagged beyond rounding."""
+    from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlkit.merge.verification import verify
@@ -284,6 +366,13 @@ def test_verify_measures_a_merge_that_left_the_adapter_out(tmp_path, tiny_model_
     for name, weights in {"merged": lora.merge_and_unload(), "base": AutoModelForCausalLM.from_pretrained(tiny_model_dir)}.items():
         weights.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
+    doubled = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                                        tmp_path / "adapter")
+    for module in doubled.modules():
+        if isinstance(getattr(module, "scaling", None), dict):
+            module.scaling = {name: 2 * value for name, value in module.scaling.items()}
+    doubled.merge_and_unload().save_pretrained(tmp_path / "doubled")
+    tokenizer.save_pretrained(tmp_path / "doubled")
     src = read_source(tmp_path / "adapter", base_model=str(tiny_model_dir))
     good, bad = verify(src, tmp_path / "merged"), verify(src, tmp_path / "base")
     effect = good["adapter_effect_max_abs_logit"]
@@ -291,3 +380,7 @@ def test_verify_measures_a_merge_that_left_the_adapter_out(tmp_path, tiny_model_
     assert good["max_abs_logit_diff"] <= 1e-4 and good["top1_agreement"] == 1.0 and good["greedy_match"] == 1.0
     assert bad["max_abs_logit_diff"] == pytest.approx(effect, abs=1e-5)  # merged == base: the diff is the effect
     assert bad["positions"] == good["positions"] > 50 and all(good["tokenizer"].values())
+    # float32 on both sides: the rounding unit is TF32's (a GPU may run float32 matmuls in it), no coarser.
+    assert good["rounding_eps"] == bad["rounding_eps"] == 2**-10
+    assert good["beyond_rounding"] == [] and bad["decided_flips"] > 0 and len(bad["beyond_rounding"]) == 2
+    assert len(verify(src, tmp_path / "doubled")["beyond_rounding"]) == 2

@@ -81,6 +81,22 @@ def test_a_trl_whose_trainers_need_triton_is_refused_in_one_line_where_there_is_
         compat.check_trl_kernels(algorithm)
 
 
+def test_training_on_this_trl_is_refused_in_one_line_where_its_trainers_cannot_run(tmp_path):
+    """The real refusal, on the TRL of this environment: `make test-trl-top` runs it on TRL 1.15.0 without Triton.
+    (rlkit checks in one place, rlkit/train.py, for every algorithm: the table above covers SFT and DPO.)"""
+    from rlkit import compat
+
+    if not compat.trainers_need_missing_triton(version("trl")):
+        pytest.skip(f"TRL {version('trl')} trains here; `make test-trl-top` (TRL 1.15.0, no Triton) runs this")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlkit", "train", str(ROOT / "recipes" / "gsm8k_grpo.yaml"), "--smoke",
+                           "--output-dir", str(out)], capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[-1].startswith("rlkit: error: TRL ") and "trainer needs Triton" in lines[-1], lines
+    assert not out.exists()
+
+
 def test_make_install_installs_the_tested_stack_which_the_ranges_admit():
     """A clean clone gets the TRL the suite passed on, not the newest the range allows (TRL 1.15 cannot train
     on CPU); every constraint lies inside pyproject's ranges, and torch is left to the user."""

@@ -12,9 +12,11 @@ same merge. A recipe's ``dtype: auto`` resolves on the merging machine (bf16 on 
 
 Every merge is checked: the saved directory is reloaded with plain ``AutoModelForCausalLM`` and compared
 with the adapter on its training base (4-bit stays 4-bit) on fixed chat and plain-text prompts: max and
-mean |Δlogits|, top-1 agreement, KL(ref||merged) and greedy decodes. The numbers go to
-``DIR/merge_report.json``. The model is written to a temporary sibling of DIR and renamed into place at
-the end, so a failure never leaves a half-written DIR; the adapter is only read.
+mean |Δlogits|, top-1 agreement, KL(ref||merged) and greedy decodes, on the prompts and the adapter's greedy
+continuation. A warning means more than the dtype's rounding can explain (top-1 changes where the adapter was
+decided, or KL; docs/merging.md), not any changed greedy decode. The numbers go to ``DIR/merge_report.json``.
+The model is written to a temporary sibling of DIR and renamed into place at the end, so a failure never
+leaves a half-written DIR; the adapter is only read.
 """
 
 from __future__ import annotations
