@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 
@@ -83,9 +84,12 @@ def test_gepa_keeps_the_proposal_the_rewards_prefer_writes_it_and_evaluates_it(t
     # accepted proposal on the validation rows too: +6 = 10; the seed's minibatch cached, +3 +4 = 17; +3 +3 = 23. gepa
     # checks the budget (20) before each iteration, so the last one ends past it.
     assert s["proposals"] == [
-        {"iteration": 1, "accepted": False, "minibatch_before": 0.0, "minibatch_after": 0.0, "metric_calls": 10},
-        {"iteration": 2, "accepted": True, "candidate": 1, "minibatch_after": 3.0, "metric_calls": 17},
-        {"iteration": 3, "accepted": False, "minibatch_before": 3.0, "minibatch_after": 0.0, "metric_calls": 23}]
+        {"iteration": 1, "accepted": False, "minibatch_before": 0.0, "minibatch_after": 0.0, "metric_calls": 10,
+         "prompt": FIRST},
+        {"iteration": 2, "accepted": True, "candidate": 1, "minibatch_after": 3.0, "metric_calls": 17,
+         "prompt": SECOND},
+        {"iteration": 3, "accepted": False, "minibatch_before": 3.0, "minibatch_after": 0.0, "metric_calls": 23,
+         "prompt": THIRD}]
     o, c = s["optimizer"], s["cost"]
     assert (o["candidates"], o["proposals"], o["accepted"], o["best_candidate"], o["base_val_score"],
             o["best_val_score"], o["metric_calls"], o["budget"]) == (2, 3, 1, 1, 0.0, 1.0, 23, 20)
@@ -154,8 +158,6 @@ def test_a_reflection_model_that_fails_mid_run_stops_it_and_nothing_is_written(t
 
 def cli(monkeypatch, capsys, *args) -> tuple[int, str]:
     """`rlkit ARGS` in this process (so the test's reward imports): (exit code, stderr)."""
-    import sys
-
     import rlkit.cli
 
     monkeypatch.setattr(sys, "argv", ["rlkit", *map(str, args)])
@@ -189,6 +191,7 @@ def test_bad_flags_files_and_endpoints_are_one_line_and_exit_2(tmp_path, monkeyp
                                 "and one proposal 6 more; give at least 10"),
             (["--minibatch", "5"], "--minibatch 5: larger than --limit-train 4"),
             (["--set", "data.prompt=mix"], "data.prompt: mix picks a prompt form per row"),
+            (["--set", "data.prompt=bare"], "data.prompt: bare has no system line to optimise"),
             (["--limit-train", "30", "--limit-val", "30", "--budget", "99"],
              "data.train: 32 rows; --limit-train 30 and --limit-val 30 take 60"),
         ]:
@@ -203,6 +206,10 @@ def test_bad_flags_files_and_endpoints_are_one_line_and_exit_2(tmp_path, monkeyp
     ]:
         code, err = cli(monkeypatch, capsys, *base, "--out", where, *flags, "--reflection-endpoint", "http://x:9/v1")
         assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "gepa", None)  # what `import gepa` meets where the extra is not installed
+        code, err = cli(monkeypatch, capsys, *base, "--out", out, "--reflection-endpoint", "http://x:9/v1")
+        assert code == 2 and err == "rlkit: error: optimize-prompt needs the gepa package: pip install 'rlkit[gepa]'\n"
     code, err = cli(monkeypatch, capsys, "optimize-prompt", recipes_dir() / "smol_calc_grpo.yaml", "--smoke",
                     "--reflection-endpoint", "http://x:9/v1", "--reflection-model", MODEL, "--out", out)
     assert code == 2 and "optimize-prompt evaluates plain generations" in err

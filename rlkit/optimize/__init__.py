@@ -143,6 +143,9 @@ def _prompt_of(recipe: Any, source: str) -> tuple[Any, str, str | None]:
                         "--set data.prompt=short")
     name = resolve_prompt(task, recipe.data.prompt)
     text = task.PROMPTS.get(name, name)
+    if not text.strip():
+        raise UserError(f"{source}: data.prompt: {recipe.data.prompt} has no system line to optimise; start from "
+                        "one, e.g. --set data.prompt='Answer with the calculation, then #### N.'")
     shots = recipe.data.shots
     if shots is None and recipe.data.prompt in getattr(task, "SHOTS", {}):
         shots = recipe.data.prompt  # the variant's worked turns stay with the optimised system line
@@ -172,26 +175,35 @@ class GepaLog:
 
 
 class History:
-    """gepa callbacks: each proposal (accepted or not) and each validation score, with the metric calls so far."""
+    """gepa callbacks: each proposal (its text, accepted or not, its minibatch scores) and each validation score,
+    with the metric calls used so far."""
 
     def __init__(self) -> None:
         self.used = 0
+        self.proposed = ""
         self.proposals: list[dict[str, Any]] = []
         self.validations: list[dict[str, Any]] = []
 
     def on_budget_updated(self, event: dict[str, Any]) -> None:
         self.used = event["metric_calls_used"]
 
+    def on_proposal_end(self, event: dict[str, Any]) -> None:
+        from rlkit.optimize.adapter import COMPONENT
+
+        self.proposed = event["new_instructions"].get(COMPONENT, "")
+
     def on_candidate_rejected(self, event: dict[str, Any]) -> None:
-        self.proposals.append({"iteration": event["iteration"], "accepted": False, "minibatch_before":
-                               event["old_score"], "minibatch_after": event["new_score"], "metric_calls": self.used})
+        self.proposals.append({"iteration": event["iteration"], "accepted": False,
+                               "minibatch_before": round(event["old_score"], 6),
+                               "minibatch_after": round(event["new_score"], 6), "metric_calls": self.used,
+                               "prompt": self.proposed})
         log.info("optimize-prompt: iteration %d: proposal scored %g on the minibatch, not above %g: rejected",
                  event["iteration"], event["new_score"], event["old_score"])
 
     def on_candidate_accepted(self, event: dict[str, Any]) -> None:
-        self.proposals.append({"iteration": event["iteration"], "accepted": True, "candidate":
-                               event["new_candidate_idx"], "minibatch_after": event["new_score"],
-                               "metric_calls": self.used})
+        self.proposals.append({"iteration": event["iteration"], "accepted": True,
+                               "candidate": event["new_candidate_idx"], "minibatch_after": round(event["new_score"], 6),
+                               "metric_calls": self.used, "prompt": self.proposed})
 
     def on_valset_evaluated(self, event: dict[str, Any]) -> None:
         self.validations.append({"iteration": event["iteration"], "candidate": event["candidate_idx"],

@@ -135,7 +135,7 @@ def print_summary(s: dict[str, Any]) -> None:
     console.print(table)
 
     trajectory = Table(title="gepa: candidates on the validation rows (mean reward)")
-    for column in ("candidate", "parents", "metric calls", "validation score", "best so far"):
+    for column in ("candidate", "parents", "found after (metric calls)", "validation score", "best so far"):
         trajectory.add_column(column, justify="right")
     for t in s["trajectory"]:
         trajectory.add_row(str(t["candidate"]), ",".join(map(str, t["parents"])) or "-", str(t["metric_calls"]),
