@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 
 import pytest
@@ -107,6 +108,8 @@ def test_gepa_keeps_the_proposal_the_rewards_prefer_writes_it_and_evaluates_it(t
     assert ev["gain"]["test"] == "mcnemar"
     saved = json.loads((tmp_path / "prompts" / "arith.json").read_text())
     assert saved["prompt"] == SECOND and saved["use"]["set"] == [f"data.prompt={out}", "data.shots=short"]
+    assert shlex.split(saved["use"]["command"]) == ["rlkit", "train", str(ARITH), "--smoke", "--set", SMOKE[1],
+                                                     "--set", f"data.prompt={out}", "--set", "data.shots=short"]
     assert saved["reflection"]["api_key_env"] == "TEST_REFLECTION_KEY"
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     # The recipe uses the file through data.prompt: its system line, then the shipped prompt's worked turns.

@@ -104,7 +104,8 @@ def optimize_prompt(recipe_path: str | Path, *, out: str | Path, reflection_endp
             recipe=recipe, recipe_path=str(recipe_path), label=label, out=out, base_prompt=base_prompt, best=best,
             shots=shots, result=result, history=history, base_eval=base_eval, best_eval=best_eval,
             settings=settings, reflection=reflection, adapter=adapter, budget=budget, minibatch=minibatch, seed=seed,
-            train=len(train), val=len(val), seconds=(optimise_seconds, time.perf_counter() - started))
+            train=len(train), val=len(val), seconds=(optimise_seconds, time.perf_counter() - started),
+            overrides=list(overrides or []), smoke=smoke)
         write_outputs(out, summary)
     return summary
 

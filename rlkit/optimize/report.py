@@ -62,9 +62,14 @@ def _arm(scored: Any) -> dict[str, Any]:
 def summary_json(*, recipe: Any, recipe_path: str, label: str, out: Path, base_prompt: str, best: str,
                  shots: str | None, result: Any, history: Any, base_eval: Any, best_eval: Any, settings: Any,
                  reflection: Any, adapter: Any, budget: int, minibatch: int, seed: int, train: int, val: int,
-                 seconds: tuple[float, float]) -> dict[str, Any]:
+                 seconds: tuple[float, float], overrides: list[str], smoke: bool) -> dict[str, Any]:
     """Everything the run found, as the JSON written beside the prompt file."""
+    import shlex
+
     use = [f"data.prompt={out}"] + ([f"data.shots={shots}"] if shots else [])
+    # The command trains under the conditions the prompt was chosen in: the same overrides (and --smoke).
+    command = " ".join(["rlkit", "train", shlex.quote(recipe_path), *(["--smoke"] if smoke else []),
+                        *(f"--set {shlex.quote(x)}" for x in [*overrides, *use])])
     gains = {"reward_gain": paired(base_eval.totals, best_eval.totals)}
     if base_eval.correct is not None:
         gains = {"gain": paired(base_eval.correct, best_eval.correct), **gains}
@@ -77,7 +82,7 @@ def summary_json(*, recipe: Any, recipe_path: str, label: str, out: Path, base_p
     return {
         "recipe": recipe.name, "recipe_path": recipe_path, "task": recipe.data.task, "model": label,
         "prompt": best, "base_prompt": base_prompt, "shots": shots, "changed": best != base_prompt,
-        "use": {"set": use, "command": f"rlkit train {recipe_path} " + " ".join(f"--set {s}" for s in use)},
+        "use": {"set": use, "command": command},
         "eval": {"split": "eval", "base": _arm(base_eval), "optimized": _arm(best_eval), **gains},
         "optimizer": {"library": "gepa", "version": version("gepa"), "budget": budget,
                       "metric_calls": result.total_metric_calls, "train_rows": train, "val_rows": val,
