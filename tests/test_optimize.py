@@ -30,6 +30,12 @@ def house_style(prompts, completions, **kwargs):
     return [1.0 if "Be exact" in p[0]["content"] else 0.0 for p in prompts]
 
 
+def small_answer(completions, answer, **kwargs):
+    """0.5 for a row whose gold answer is below 10: a score that belongs to its row, so a score borrowed from another
+    row shows (the smoke split's golds: train 28, 6, 3, then validation 36, 1, 14, 23; eval 14, 24, 2, 29, 27, 8)."""
+    return [0.5 if int(a) < 10 else 0.0 for a in answer]
+
+
 def proposing(*texts):
     """The scripted reflection model: the n-th reflection request gets the n-th text in a ``` block (the last one
     after that)."""
@@ -42,7 +48,7 @@ def proposing(*texts):
     return reply
 
 
-SMOKE = ["--set", "rewards=[{name: 'tests.test_optimize:house_style'}]"]
+SMOKE = ["--set", "rewards=[{name: 'tests.test_optimize:house_style'}, {name: 'tests.test_optimize:small_answer'}]"]
 
 
 def optimize(server, out, **more):
@@ -73,37 +79,38 @@ def test_gepa_keeps_the_proposal_the_rewards_prefer_writes_it_and_evaluates_it(t
     # Reflection saw the seed prompt and, per row, the question, the completion and what the rewards said.
     first = server.requests[0]["messages"][0]["content"]
     assert f"```\n{gsm8k.PROMPTS['short']}\n```" in first and first.count("# Example ") == 3
-    assert "Reward 0 in all (house_style 0). The correct answer is" in first
+    assert "Reward 0 in all (house_style 0, small_answer 0). The correct answer is 28." in first
+    assert "Reward 0.5 in all (house_style 0, small_answer 0.5). The correct answer is 3." in first
     assert all(r["temperature"] == 1.0 and r["max_completion_tokens"] == 2048 for r in server.requests)
     assert all(h["authorization"] == f"Bearer {SECRET}" for h in server.headers)
-    # gepa's trajectory: the seed scores 0 on the 4 validation rows, SECOND 1.0; FIRST was rejected on its minibatch.
-    assert [(t["candidate"], t["val_score"], t["best_so_far"]) for t in s["trajectory"]] == [(0, 0.0, 0.0),
-                                                                                              (1, 1.0, 1.0)]
+    # gepa's trajectory: on the 4 validation rows (one gold below 10) the seed scores 0.5 / 4, SECOND 1 more; FIRST was
+    # rejected on its minibatch. (Scores served from the train rows at the same positions, gepa-ai/gepa#424, give
+    # 0.25 and 1.25.)
+    assert [(t["candidate"], t["val_score"], t["best_so_far"]) for t in s["trajectory"]] == [(0, 0.125, 0.125),
+                                                                                              (1, 1.125, 1.125)]
     assert s["trajectory"][1]["prompt"] == SECOND and s["trajectory"][1]["parents"] == [0]
-    # Metric calls as gepa 0.1.4 counts them (one row scored each; a cached (prompt, row) pair costs none): the seed
-    # on the 4 validation rows (4), then per iteration the parent and the proposal on the 3 minibatch rows, an
-    # accepted proposal on the validation rows too: +6 = 10; the seed's minibatch cached, +3 +4 = 17; +3 +3 = 23. gepa
-    # checks the budget (20) before each iteration, so the last one ends past it.
+    # Metric calls (one row generated and scored each): the seed on the 4 validation rows (4), then per iteration the
+    # parent and the proposal on the 3 minibatch rows, an accepted proposal on the validation rows too: +6 = 10, then
+    # +6 +4 = 20, the budget. Minibatch sums: the seed 0.5 + 0.5 (golds 6 and 3), SECOND 3 more.
     assert s["proposals"] == [
-        {"iteration": 1, "accepted": False, "minibatch_before": 0.0, "minibatch_after": 0.0, "metric_calls": 10,
+        {"iteration": 1, "accepted": False, "minibatch_before": 1.0, "minibatch_after": 1.0, "metric_calls": 10,
          "prompt": FIRST},
-        {"iteration": 2, "accepted": True, "candidate": 1, "minibatch_after": 3.0, "metric_calls": 17,
-         "prompt": SECOND},
-        {"iteration": 3, "accepted": False, "minibatch_before": 3.0, "minibatch_after": 0.0, "metric_calls": 23,
-         "prompt": THIRD}]
+        {"iteration": 2, "accepted": True, "candidate": 1, "minibatch_after": 4.0, "metric_calls": 20,
+         "prompt": SECOND}]
     o, c = s["optimizer"], s["cost"]
     assert (o["candidates"], o["proposals"], o["accepted"], o["best_candidate"], o["base_val_score"],
-            o["best_val_score"], o["metric_calls"], o["budget"]) == (2, 3, 1, 1, 0.0, 1.0, 23, 20)
-    assert c["metric_calls"] == 23 and c["rows_generated"] == 23 + 2 * 6  # every metric call and both eval passes
-    assert c["reflection_calls"] == c["reflection_requests"] == len(server.requests) == 3 and c["reflection_retries"] == 0
+            o["best_val_score"], o["metric_calls"], o["budget"]) == (2, 2, 1, 1, 0.125, 1.125, 20, 20)
+    assert c["metric_calls"] == 20 and c["rows_generated"] == 20 + 2 * 6  # every metric call and both eval passes
+    assert c["reflection_calls"] == c["reflection_requests"] == len(server.requests) == 2 and c["reflection_retries"] == 0
     # The scripted server's usage: 10 prompt tokens per message, 1 completion token per 4 characters of the message.
-    assert c["reflection_prompt_tokens"] == 30
+    assert c["reflection_prompt_tokens"] == 20
     assert c["reflection_completion_tokens"] == sum(
-        len(json.dumps({"role": "assistant", "content": proposing(t)({})["content"]})) // 4 for t in (FIRST, SECOND, THIRD))
-    # Eval split, 6 rows: the reward goes 0 -> 1 on every row; accuracy is the gsm8k rule's, with Wilson intervals.
+        len(json.dumps({"role": "assistant", "content": proposing(t)({})["content"]})) // 4 for t in (FIRST, SECOND))
+    # Eval split, 6 rows (golds 2 and 8 below 10): the reward goes 1/6 -> 7/6, +1 on every row; accuracy is the gsm8k
+    # rule's, with Wilson intervals.
     ev = s["eval"]
-    assert (ev["base"]["n"], ev["base"]["reward"], ev["optimized"]["reward"]) == (6, 0.0, 1.0)
-    assert (ev["reward_gain"]["diff"], ev["reward_gain"]["low"], ev["reward_gain"]["high"]) == (1.0, 1.0, 1.0)
+    assert (ev["base"]["n"], ev["base"]["reward"], ev["optimized"]["reward"]) == pytest.approx((6, 1 / 6, 7 / 6))
+    assert (ev["reward_gain"]["diff"], ev["reward_gain"]["low"], ev["reward_gain"]["high"]) == pytest.approx((1, 1, 1))
     assert ev["base"]["correct"] == 0 and ev["base"]["interval"] == pytest.approx([0.0, 0.390], abs=1e-3)
     assert ev["gain"]["test"] == "mcnemar"
     saved = json.loads((tmp_path / "prompts" / "arith.json").read_text())

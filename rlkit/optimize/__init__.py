@@ -90,7 +90,10 @@ def optimize_prompt(recipe_path: str | Path, *, out: str | Path, reflection_endp
             reflection_lm=reflection, max_metric_calls=budget, stop_callbacks=[reflection.stop],
             reflection_minibatch_size=minibatch, candidate_selection_strategy="pareto",
             # Rewards are not on a 0..1 scale (1.0 + 0.1 format, say): never skip a minibatch as "perfect".
-            skip_perfect_score=False, cache_evaluation=True, seed=seed, logger=GepaLog(), callbacks=[history],
+            # No evaluation cache: gepa 0.1.4 keys it by (prompt, row position), so with a separate valset the
+            # validation score of a prompt reuses its minibatch scores of *train* rows at the same positions
+            # (gepa-ai/gepa#424, fixed by #425 after 0.1.4). Greedy scores are the same when asked again anyway.
+            skip_perfect_score=False, cache_evaluation=False, seed=seed, logger=GepaLog(), callbacks=[history],
             raise_on_exception=True, display_progress_bar=False, track_best_outputs=False)
         if reflection.error is not None:
             raise UserError(f"{reflection.error}; stopped after {result.total_metric_calls} metric calls, nothing "
