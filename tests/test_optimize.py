@@ -65,6 +65,7 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.mark.slow
 def test_gepa_keeps_the_proposal_the_rewards_prefer_writes_it_and_evaluates_it(tmp_path, monkeypatch):
     from rlkit.data import gsm8k, load_rows, task_rows
     from rlkit.optimize.report import print_summary
@@ -127,6 +128,7 @@ def test_gepa_keeps_the_proposal_the_rewards_prefer_writes_it_and_evaluates_it(t
     print_summary(s)
 
 
+@pytest.mark.slow
 def test_nothing_beats_the_recipes_prompt_then_the_file_holds_it_unchanged(tmp_path, capsys):
     from rlkit.optimize.report import print_summary
 
@@ -149,6 +151,7 @@ def test_nothing_beats_the_recipes_prompt_then_the_file_holds_it_unchanged(tmp_p
         assert out.read_text() == "my own careful prompt\n" and len(server.requests) + len(server.preflights) == asked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script, expected, requests", [
     ({"raw": "<html>502 Bad Gateway</html>"},
      r"reflection model .* failed after 1 retries \(last: malformed reply: not a chat completion: <html>502", 2),
