@@ -5,7 +5,8 @@ rlkit's endpoint policy is exercised through the ``openai`` client exactly as ag
 hosted teacher. ``reply(request) -> dict`` returns either an assistant message (``content`` and/or
 ``tool_calls`` with ``name`` and ``arguments`` dict), ``{"status": 500}`` for an HTTP error,
 ``{"sleep": seconds, ...}`` to answer late, or ``{"trickle": seconds, ...}`` to send the answer one byte
-every ``seconds`` (a server that never times out a read). Like vLLM, it answers 404 to a request for a
+every ``seconds`` (a server that never times out a read), or ``{"raw": text, "content_type": ...}`` to send a
+body that is not a chat completion (an HTML error page: ``text/html``; broken JSON: ``application/json``). Like vLLM, it answers 404 to a request for a
 model it does not serve. rlkit's preflight request goes to ``preflight`` (default: answer "OK") and is
 kept in ``preflights``, not in ``requests``, so a test's script sees only episode requests.
 """
@@ -58,17 +59,21 @@ class ScriptedServer:
                     script = server.reply(body)
                 if script.get("sleep"):
                     time.sleep(script["sleep"])
+                if "raw" in script:
+                    self._send(200, script["raw"], content_type=script.get("content_type", "text/html"))
+                    return
                 if script.get("status", 200) != 200:
                     self._send(script["status"], {"error": {"message": script.get("message", "scripted failure"),
                                                            "type": "server_error"}})
                     return
                 self._send(200, server.completion(body, script), trickle=script.get("trickle"))
 
-            def _send(self, status: int, payload: dict[str, Any], trickle: float | None = None) -> None:
-                data = json.dumps(payload).encode()
+            def _send(self, status: int, payload: dict[str, Any] | str, trickle: float | None = None,
+                      content_type: str = "application/json") -> None:
+                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
                 try:
                     self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", content_type)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     if trickle:

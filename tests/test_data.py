@@ -122,3 +122,42 @@ def test_set_applies_to_a_run_directorys_recorded_recipe(tmp_path):
     asked, _ = resolve_target(tmp_path, ["data.eval.seed=777", "data.eval.generator.wording=other"])
     assert run == tmp_path and plain.data.eval.seed == 12345
     assert asked.data.eval.seed == 777 and asked.data.eval.generator["wording"] == "other"
+
+
+def test_gsm8k_takes_a_prompt_file_or_text_with_the_worked_turns_data_shots_names(tmp_path):
+    """`data.prompt: FILE` (what `rlkit optimize-prompt` writes) is the system line; its worked turns are those
+    `data.shots` names, none by default; a name still picks a variant, and `data.shots` alone swaps the turns."""
+    from rlkit.data import load_prompt_rows, task_rows
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    arith = recipes_dir() / "smol_arith_grpo.yaml"
+    (tmp_path / "arith.txt").write_text("Add or subtract, then write `#### N`.\n")
+
+    def prompt(*overrides):
+        recipe = load_recipe(arith, [*overrides, "data.eval={synthetic: 2, seed: 3}"])
+        rows = task_rows(recipe, "grpo", load_rows("gsm8k", recipe.data.eval))
+        assert load_prompt_rows(recipe, recipe.data.eval)["prompt"] == rows["prompt"]  # PPO and pairs see the same
+        return rows[0]["prompt"]
+
+    base = prompt()
+    assert [m["role"] for m in base] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert base[0]["content"] == gsm8k.PROMPTS["short"] and base[1:5] == gsm8k.SHOTS["short"]
+    filed = prompt(f"data.prompt={tmp_path / 'arith.txt'}")
+    assert filed == [{"role": "system", "content": "Add or subtract, then write `#### N`."}, base[-1]]
+    kept = prompt(f"data.prompt={tmp_path / 'arith.txt'}", "data.shots=short")
+    assert kept == [filed[0], *base[1:]]
+    assert prompt("data.prompt='Solve it. End with #### N.'", "data.shots=alt")[1:5] == gsm8k.SHOTS["alt"]
+    assert prompt("data.shots=alt") == [base[0], *gsm8k.SHOTS["alt"], base[-1]]
+    for overrides, expected in [
+        (["data.shots=shrot"], "data.shots: no prompt variant 'shrot' with worked turns (did you mean 'short'?); "
+                               "valid: short, alt"),
+        (["data.prompt=shrot"], "data.prompt: task 'gsm8k' has no prompt 'shrot' (did you mean 'short'?)"),
+        ([f"data.prompt={tmp_path / 'missing.txt'}"], "data.prompt: no such prompt file"),
+    ]:
+        with pytest.raises(UserError) as e:
+            load_recipe(arith, overrides)
+        assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(UserError, match="data.shots: task 'qa' takes no worked turns"):
+        load_recipe(recipes_dir() / "hotpotqa_byod_grpo.yaml", ["data.shots=short"], smoke=True)
+    with pytest.raises(UserError, match="data.shots: task 'calc' takes no worked turns"):
+        load_recipe(recipes_dir() / "smol_calc_grpo.yaml", ["data.shots=calculator"])

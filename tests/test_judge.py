@@ -119,6 +119,24 @@ def test_malformed_replies_are_retried_then_stop_or_skip_as_the_recipe_says(tmp_
             call(stop, ["#### 1", "#### 2"], ["1", "2"])
 
 
+def test_a_body_that_is_not_a_chat_completion_is_retried_as_malformed_then_stops(tmp_path):
+    """An HTML error page (the client hands back its raw text) and broken JSON under a JSON content type (the client
+    raises JSONDecodeError) count as malformed replies: retried, then the one-line stop, never a traceback."""
+    bodies = iter([{"raw": "<html>502 Bad Gateway</html>"}, {"raw": "{not json", "content_type": "application/json"},
+                   {"content": "VERDICT: CORRECT"}])
+    with ScriptedServer(lambda body: next(bodies), model=MODEL) as server:
+        logged: list = []
+        reward = resolve_reward("judge", args(server, tmp_path, cache=False))
+        assert call(reward, ["#### 1"], ["1"], log_metric=lambda k, v: logged.append((k, v))) == [1.0]
+        assert len(server.requests) == 3 and dict(logged)["judge/retries"] == 2
+    with ScriptedServer(lambda body: {"raw": "<html>502 Bad Gateway</html>"}, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, max_retries=1, cache=False))
+        with pytest.raises(UserError, match=r"failed after 1 retries \(last: malformed reply: not a chat completion: "
+                                            r"<html>502 Bad Gateway</html>\)"):
+            call(reward, ["#### 1"], ["1"])
+        assert len(server.requests) == 2
+
+
 def test_a_judge_past_its_deadline_is_retried_then_stops(tmp_path):
     with ScriptedServer(lambda body: {"sleep": 2.0, "content": "VERDICT: CORRECT"}, model=MODEL) as server:
         reward = resolve_reward("judge", args(server, tmp_path, timeout=0.2, max_retries=1))

@@ -17,6 +17,7 @@ import typer
 from rlkit.cli.catalogue import index_app, recipes_app
 from rlkit.cli.demo import demo
 from rlkit.cli.eval_cmd import eval_
+from rlkit.cli.optimize import optimize_prompt
 from rlkit.cli.options import SetOpt, SmokeOpt, console, main_options
 from rlkit.cli.serve import serve_search
 from rlkit.errors import Interrupted, UserError
@@ -29,6 +30,7 @@ app.add_typer(index_app, name="index")
 app.command()(demo)
 app.command("eval")(eval_)
 app.command("serve-search")(serve_search)
+app.command("optimize-prompt")(optimize_prompt)
 
 
 @app.command()

@@ -149,7 +149,13 @@ def task_rows(recipe: Recipe, kind: str, ds):
     build = getattr(task, f"{kind}_rows", None)
     if build is None:
         raise UserError(f"task {recipe.data.task!r} has no {kind} rows")
-    return build(ds, prompt=resolve_prompt(task, recipe.data.prompt)) if isinstance(task, Prompted) else build(ds)
+    return build(ds, **prompt_args(task, recipe)) if isinstance(task, Prompted) else build(ds)
+
+
+def prompt_args(task: ModuleType, recipe: Recipe) -> dict[str, Any]:
+    """The row builders' prompt arguments: ``prompt`` (a name, or the system prompt's text) and ``shots`` if set."""
+    shots = {"shots": recipe.data.shots} if recipe.data.shots is not None else {}
+    return {"prompt": resolve_prompt(task, recipe.data.prompt), **shots}
 
 
 def resolve_prompt(task: ModuleType, value: str) -> str:
@@ -211,5 +217,5 @@ def load_prompt_rows(recipe: Recipe, source: DataSource):
         raise UserError(f"task {recipe.data.task!r} has no prompts to sample from")
     ds = load_rows(recipe.data.task, source)
     if isinstance(task, Prompted):
-        return task.prompt_rows(ds, prompt=resolve_prompt(task, recipe.data.prompt))
+        return task.prompt_rows(ds, **prompt_args(task, recipe))
     return task.prompt_rows(ds)

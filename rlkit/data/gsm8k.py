@@ -41,6 +41,9 @@ PROMPTS = {
     "mix": "",
 }
 FORMS = ("short", "short-zero", "bare")
+# `data.prompt` may also be a file holding the system prompt, or the text itself (`rlkit optimize-prompt` writes
+# one); its worked turns are those `data.shots` names (e.g. `short`), none by default.
+CUSTOM_PROMPTS = True
 # Worked example turns placed between the system prompt and the question, per prompt variant.
 SHOTS = {
     "short": [
@@ -65,11 +68,14 @@ def load(source: Any):
     return load_source(source, required=("question", "answer"))
 
 
-def chat_prompt(question: str, variant: str = "default") -> list[dict[str, str]]:
+def chat_prompt(question: str, variant: str = "default", shots: str | None = None) -> list[dict[str, str]]:
+    """The system prompt (a name in ``PROMPTS``, or the text itself), the worked turns of ``shots`` (default: the
+    variant's own), the question."""
     if variant == "mix":
         variant = FORMS[zlib.crc32(question.strip().encode()) % len(FORMS)]
-    system = [{"role": "system", "content": PROMPTS[variant]}] if PROMPTS[variant] else []
-    return [*system, *SHOTS.get(variant, []), {"role": "user", "content": question.strip()}]
+    text = PROMPTS.get(variant, variant)
+    system = [{"role": "system", "content": text}] if text else []
+    return [*system, *SHOTS.get(variant if shots is None else shots, []), {"role": "user", "content": question.strip()}]
 
 
 def solution_text(answer: str) -> str:
@@ -83,21 +89,21 @@ def gold(answer: str) -> str:
     return gold_answer(answer) or ""
 
 
-def sft_rows(ds, prompt: str = "default"):
+def sft_rows(ds, prompt: str = "default", shots: str | None = None):
     """Conversational prompt/completion rows: TRL computes the loss on the completion only."""
     return ds.map(
         lambda row: {
-            "prompt": chat_prompt(row["question"], prompt),
+            "prompt": chat_prompt(row["question"], prompt, shots),
             "completion": [{"role": "assistant", "content": solution_text(row["answer"])}],
         },
         remove_columns=ds.column_names,
     )
 
 
-def grpo_rows(ds, prompt: str = "default"):
+def grpo_rows(ds, prompt: str = "default", shots: str | None = None):
     """Conversational prompts plus the gold number in ``answer`` (passed to the rewards by TRL)."""
     return ds.map(
-        lambda row: {"prompt": chat_prompt(row["question"], prompt), "answer": gold(row["answer"])},
+        lambda row: {"prompt": chat_prompt(row["question"], prompt, shots), "answer": gold(row["answer"])},
         remove_columns=ds.column_names,
     )
 

@@ -132,6 +132,12 @@ def _check_task_prompt(recipe: Recipe, source: str) -> None:
     elif recipe.data.prompt not in prompts:
         raise UserError(f"{source}: data.prompt: task {recipe.data.task!r} has no prompt {recipe.data.prompt!r}"
                         f"{did_you_mean(recipe.data.prompt, prompts)}; valid: {', '.join(prompts)}")
+    shots = getattr(task, "SHOTS", {}) if getattr(task, "CUSTOM_PROMPTS", False) else {}
+    if recipe.data.shots is not None and recipe.data.shots not in shots:
+        raise UserError(f"{source}: data.shots: " + (
+            f"task {recipe.data.task!r} takes no worked turns" if not shots else
+            f"no prompt variant {recipe.data.shots!r} with worked turns{did_you_mean(recipe.data.shots, shots)}; "
+            f"valid: {', '.join(shots)}"))
 
 
 def _check_env(recipe: Recipe, source: str) -> None:

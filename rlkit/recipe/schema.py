@@ -79,8 +79,11 @@ class DataSpec(Strict):
     train: DataSource
     eval: DataSource | None = None
     # The task's prompt variant (its ``PROMPTS``), e.g. gsm8k `calculator` or multihop_rag `thinking`;
-    # for qa and multihop_rag also a file holding the system prompt, or the text itself.
+    # for gsm8k, qa and multihop_rag also a file holding the system prompt, or the text itself.
     prompt: str = "default"
+    # gsm8k: whose worked turns follow the system prompt (a prompt variant with them: short, alt); default the
+    # prompt variant's own, none for a prompt file or text. `rlkit optimize-prompt` keeps a recipe's this way.
+    shots: str | None = None
     # rlkit's column name -> the user's, for both splits (qa: question, answer, aliases, id, type, supporting_ids).
     columns: dict[str, str] = Field(default_factory=dict)
     # When a rollout episode counts as a success (what `--sft-out` keeps): em | f1>=X | accuracy | task

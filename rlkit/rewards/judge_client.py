@@ -1,10 +1,12 @@
 """The judge rewards' client: an OpenAI-compatible chat-completions endpoint called through ``openai``, with
 bounded concurrency, a total deadline per request, retries, a response cache on disk and per-batch metrics.
+``rlkit optimize-prompt`` asks its reflection model through it too (``role``, no cache).
 
 - **Deadline and retries.** Every request must complete within ``timeout`` seconds (``asyncio.wait_for``:
-  the client's own timeout bounds each read only). Connection errors, the deadline, 429, 5xx and a reply
-  the judge's parser rejects are retried up to ``max_retries`` times with exponential backoff. A wrong
-  URL path, model or key (400/401/403/404) would fail every request the same way: it stops at once.
+  the client's own timeout bounds each read only). Connection errors, the deadline, 429, 5xx, a body that is
+  not a chat completion (an HTML error page, broken JSON) and a reply the judge's parser rejects are retried
+  up to ``max_retries`` times with exponential backoff. A wrong URL path, model or key (400/401/403/404)
+  would fail every request the same way: it stops at once.
 - **Cache.** Each parsed answer is appended to a JSONL file keyed by a hash of (judge model, rubric,
   prompt, completion(s), reference), so a rerun (or the doctor's probes, or an eval after training)
   costs no request. The file is the truth; it is read once per process.
@@ -49,6 +51,8 @@ class Stats:
     failures: int = 0
     seconds: list[float] = field(default_factory=list)
     last_error: str = ""
+    prompt_tokens: int = 0  # as the server's `usage` counts them (0 where it sends none)
+    completion_tokens: int = 0
 
     def metrics(self) -> dict[str, float]:
         latency = sum(self.seconds) / len(self.seconds) if self.seconds else 0.0
@@ -67,21 +71,28 @@ class Settings:
     backoff: float = 0.5
     max_tokens: int = 256
     cache: str | bool = True
+    temperature: float = 0.0
+    # Who is asked, in every error (the judge, the reflection model), and how to fix an endpoint that fails.
+    role: str = "judge"
+    hint: str = "start the judge server or fix `endpoint:` in the reward's args"
+    default_key_env: str = DEFAULT_KEY_ENV  # may be unset (a local server takes any key); another must be set
 
     def check(self) -> None:
         """Refuse impossible settings (ValueError: rlkit.rewards turns it into a one-line ``args:`` error)."""
         if not self.endpoint or not str(self.endpoint).startswith(("http://", "https://")):
             raise ValueError(f"endpoint must be an http(s) URL such as http://localhost:8000/v1, not {self.endpoint!r}")
         if not self.model:
-            raise ValueError("model: name the judge model the endpoint serves (it is part of the cache key)")
+            raise ValueError(f"model: name the {self.role} model the endpoint serves (it is part of the cache key)")
         if self.concurrency < 1 or self.timeout <= 0 or self.max_retries < 0 or self.max_tokens < 1:
             raise ValueError("concurrency and max_tokens must be >= 1, timeout > 0 and max_retries >= 0")
+        if not 0 <= self.temperature <= 2:
+            raise ValueError(f"temperature must be between 0 and 2, not {self.temperature}")
 
     def api_key(self) -> str:
         key = os.environ.get(self.api_key_env)
-        if key is None and self.api_key_env != DEFAULT_KEY_ENV:
-            raise UserError(f"judge: environment variable {self.api_key_env} (api_key_env) is not set; export the "
-                            "judge's API key there")
+        if key is None and self.api_key_env != self.default_key_env:
+            raise UserError(f"{self.role}: environment variable {self.api_key_env} (api_key_env) is not set; export "
+                            f"the {self.role}'s API key there")
         secrets.register(key)  # masked in logs and errors from here on
         return key or "EMPTY"  # a local vLLM server takes any key
 
@@ -192,13 +203,10 @@ async def _ask_one(client: Any, settings: Settings, messages: list[dict[str, str
         started = time.perf_counter()
         stats.requests += 1
         try:
-            response = await asyncio.wait_for(client.chat.completions.create(
-                model=settings.model, messages=messages, temperature=0.0, max_completion_tokens=settings.max_tokens),
-                settings.timeout)
-            text = (response.choices[0].message.content or "") if response.choices else ""
-            value = parse(text)
+            response = await asyncio.wait_for(_create(client, settings, messages), settings.timeout)
+            value = parse(_reply_text(response, stats))
         except fatal as e:  # every request would fail the same way
-            raise UserError(f"judge {settings.endpoint} (model {settings.model!r}): {type(e).__name__}: "
+            raise UserError(f"{settings.role} {settings.endpoint} (model {settings.model!r}): {type(e).__name__}: "
                             f"{_message(e)}; check endpoint, model and the key in ${settings.api_key_env}") from None
         except TimeoutError:
             stats.last_error = f"no complete reply within {settings.timeout:g}s"
@@ -215,6 +223,26 @@ async def _ask_one(client: Any, settings: Settings, messages: list[dict[str, str
     return None
 
 
+async def _create(client: Any, settings: Settings, messages: list[dict[str, str]]) -> Any:
+    try:
+        return await client.chat.completions.create(model=settings.model, messages=messages,
+                                                    temperature=settings.temperature,
+                                                    max_completion_tokens=settings.max_tokens)
+    except json.JSONDecodeError:  # a JSON content type with a body that is not JSON: the client lets this through
+        raise Malformed("the body is not JSON") from None
+
+
+def _reply_text(response: Any, stats: Stats) -> str:
+    """The reply's text; its tokens added to ``stats``. A body that is not a chat completion (the client hands
+    back the raw text of a non-JSON content type) is :class:`Malformed`."""
+    if not hasattr(response, "choices"):
+        raise Malformed(f"not a chat completion: {_message(Exception(str(response)))}")
+    usage = getattr(response, "usage", None)
+    stats.prompt_tokens += getattr(usage, "prompt_tokens", 0) or 0
+    stats.completion_tokens += getattr(usage, "completion_tokens", 0) or 0
+    return (response.choices[0].message.content or "") if response.choices else ""
+
+
 def _message(error: Exception) -> str:
     text = str(getattr(error, "message", None) or error)
     return text if len(text) <= 160 else text[:157] + "..."
@@ -225,13 +253,13 @@ def preflight(settings: Settings) -> None:
     try:
         settings.check()
     except ValueError as e:
-        raise UserError(f"judge: {e}") from None
+        raise UserError(f"{settings.role}: {e}") from None
     quick = Settings(**{**settings.__dict__, "max_tokens": 1, "max_retries": min(settings.max_retries, 1),
                         "cache": False})
     _, stats = ask(quick, [("", [{"role": "user", "content": PREFLIGHT}], str)])
     if stats.failures:
-        raise UserError(f"judge {settings.endpoint} (model {settings.model!r}) cannot be reached: {stats.last_error}; "
-                        "start the judge server or fix `endpoint:` in the reward's args")
+        raise UserError(f"{settings.role} {settings.endpoint} (model {settings.model!r}) cannot be reached: "
+                        f"{stats.last_error}; {settings.hint}")
 
 
 def report(name: str, stats: Stats, log_metric: Callable[[str, float], None] | None) -> None:
