@@ -93,3 +93,38 @@ def test_a_shared_prefix_with_several_samples_per_prompt_keeps_them_in_prompt_or
     assert len({tuple(a) for a in alone}) == len(prompts)
     assert [g.ids for g in greedy] == [a for a in alone for _ in range(2)]
     assert [g.prompt_ids for g in greedy] == [p for p in prompts for _ in range(2)]
+
+
+def test_long_prompts_of_an_eager_model_are_read_with_sdpa_and_decode_the_same_tokens(monkeypatch):
+    """An eager-attention model (rlkit's bf16 CPU setting) reads prompts of SDPA_PREFILL_MIN tokens or more with
+    SDPA into the cache, then decodes with eager attention: in fp32 the greedy tokens are those of the plain
+    eager batch, with and without a shared prefix, and the prompt pass really ran with SDPA."""
+    from rlkit.inference import generate as gen
+
+    model, tok = _tiny()
+    model.set_attn_implementation("eager")
+    prefix = list(range(20, 120))
+    own = [[400 + i, *range(200, 200 + n)] for i, n in enumerate((300, 180, 260))]  # padding in the middle
+    seen = []
+    forward = model.forward
+
+    def recorded(*args, **kw):
+        seen.append((tuple(kw["input_ids"].shape), model.config._attn_implementation))
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", recorded)
+    kwargs = dict(max_new_tokens=6, batch_size=3)
+    for prompts in ([prefix + t for t in own], own):
+        shared = gen.shared_prefix(prompts) if gen.shared_prefix(prompts) >= gen.SHARED_PREFIX_MIN else 0
+        width = max(map(len, prompts)) - shared
+        seen.clear()
+        fast = gen.generate_ids(model, tok, prompts, **kwargs)
+        reads = [s for s in seen if s[0][1] > 1]
+        assert width - 1 >= gen.SDPA_PREFILL_MIN - 1 and bool(shared) == (prompts[0][0] == 20)
+        expected = [((1, shared), "sdpa")] * bool(shared) + [((3, width - 1), "sdpa")]
+        assert reads == expected and all(impl == "eager" for _, impl in seen[len(reads):])  # decoding stays eager
+        assert model.config._attn_implementation == "eager"  # restored
+        monkeypatch.setattr(gen, "SDPA_PREFILL_MIN", 10_000)
+        plain = gen.generate_ids(model, tok, prompts, **kwargs)
+        monkeypatch.setattr(gen, "SDPA_PREFILL_MIN", 256)
+        assert [g.ids for g in fast] == [g.ids for g in plain] and len({tuple(g.ids) for g in plain}) > 1
