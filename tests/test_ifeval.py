@@ -87,18 +87,21 @@ def test_punkt_comes_from_the_wheel_into_rlkits_cache():
     assert instructions_util.count_sentences(text) == 4
 
 
-_OFFLINE = """
+_BLOCK = """
 import socket, sys
 def refuse(*a, **k):
     raise OSError("network blocked by the test")
 socket.socket.connect = refuse
 socket.create_connection = refuse
+"""
+
+_OFFLINE = _BLOCK + """
 from rlkit.evaluate.ifeval_checks import score
 print(score({"key": 1, "prompt": "p", "instruction_id_list": ["length_constraints:number_sentences"],
              "kwargs": [{"relation": "less than", "num_sentences": 2}]}, "Dr. Smith left at 3 p.m. on Friday.")["strict"])
 """
 
-_NO_DATA = """
+_NO_DATA = _BLOCK + """
 import nltk
 from rlkit.evaluate import ifeval_checks
 nltk.data.path[:] = []
@@ -119,7 +122,7 @@ def test_nothing_is_downloaded(tmp_path):
     assert done.stdout.strip() == "[True]"  # one sentence: Punkt knows Dr. and p.m.
     assert (tmp_path / "cache" / "nltk_data" / "punkt-2.2.1" / "tokenizers" / "punkt_tab" / "english").is_dir()
     (tmp_path / "empty").mkdir()
-    done = subprocess.run([sys.executable, "-c", "import sys\n" + _NO_DATA, str(tmp_path / "empty")], env=env,
+    done = subprocess.run([sys.executable, "-c", _NO_DATA, str(tmp_path / "empty")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("refused: NLTK was asked to download 'punkt_tab'"), done.stdout + done.stderr
@@ -131,17 +134,23 @@ def _results(path, strict):
     return {"path": str(path), "examples": examples, "metrics": metrics(examples)}
 
 
-@pytest.mark.parametrize(("tolerance", "flagged"), [(0.05, True), (0.1, False), (0.15, False)])
-def test_tolerance_flags_a_drop_larger_than_it(tmp_path, tolerance, flagged):
-    base = _results(tmp_path / "b", [True] * 6 + [False] * 4)  # 0.6
-    trained = _results(tmp_path / "t", [True] * 5 + [False] * 5)  # 0.5: a drop of 0.1
-    c = compare(base, trained, tolerance)
-    assert c["drop"] == pytest.approx(0.1) and c["flagged"] is flagged
-    assert c["prompt_strict"]["diff"] == pytest.approx(-0.1) and c["prompt_strict"]["p"] == 1.0  # 1 lost, 0 gained
-    better = compare(trained, base, tolerance)
-    assert better["drop"] == pytest.approx(-0.1) and better["flagged"] is False
+@pytest.mark.parametrize(("base", "trained", "tolerance", "flagged"), [
+    (3, 2, 0.2, True),  # 0.75 -> 0.50 out of 4: a drop of 0.25
+    (3, 2, 0.25, False),  # exactly the tolerance is not more than it
+    (3, 2, 0.3, False),
+    (8, 7, 0.1, False),  # 0.8 - 0.7 is 0.10000000000000009 in floating point: still not more than 0.1
+    (2, 3, 0.0, False),  # a gain is never flagged
+])
+def test_tolerance_flags_a_drop_larger_than_it(tmp_path, base, trained, tolerance, flagged):
+    n = 4 if base < 4 and trained < 4 else 10
+    before = _results(tmp_path / "b", [True] * base + [False] * (n - base))
+    after = _results(tmp_path / "t", [True] * trained + [False] * (n - trained))
+    c = compare(before, after, tolerance)
+    assert c["drop"] == pytest.approx((base - trained) / n) and c["flagged"] is flagged
+    assert c["prompt_strict"]["diff"] == pytest.approx((trained - base) / n)
+    assert c["prompt_strict"]["p"] == 1.0 and c["prompt_strict"]["test"] == "mcnemar"  # one prompt changed
     with pytest.raises(UserError, match="not the same IFEval prompts"):
-        compare(base, _results(tmp_path / "x", [True] * 9), tolerance)
+        compare(before, _results(tmp_path / "x", [True] * (n + 1)), tolerance)
 
 
 def test_report_flags_the_regression(tmp_path, sft_run):

@@ -156,31 +156,42 @@ def run_ifeval(target: str, prompts: str | Path, *, model: str | None = None, ba
                no_base: bool = False, limit: int | None = None, max_new_tokens: int | None = None,
                out: str | Path | None = None, overrides: list[str] | None = None, smoke: bool = False,
                show_progress: bool = True) -> dict[str, Any]:
-    """IFEval on the base and the trained model side by side (``rlkit eval TARGET --ifeval FILE``); writes and
-    returns the summary ``ifeval.json`` (``rows``: one per model; ``comparisons``: each model after the first
-    against the base, with the tolerance flag)."""
+    """IFEval on the base and the trained model side by side (``rlkit eval TARGET --ifeval FILE``): the models
+    :func:`plan` names, through :func:`compare_models`, into ``out`` (default :func:`default_folder`)."""
     models = plan(target, model, base, no_base)
-    prompts_file(prompts)  # a missing file fails before any model loads
     if out is None:
         recipe, run_dir, ref = resolve(target, model, overrides, smoke)
         out = default_folder(target, recipe, run_dir, ref or str(target))
+    return compare_models(models, prompts, out, limit=limit, max_new_tokens=max_new_tokens, overrides=overrides,
+                          smoke=smoke, show_progress=show_progress)
+
+
+def compare_models(models: list[tuple[str, str | Path, str | None]], prompts: str | Path, out: str | Path, *,
+                   limit: int | None = None, max_new_tokens: int | None = None, overrides: list[str] | None = None,
+                   smoke: bool = False, show_progress: bool = True) -> dict[str, Any]:
+    """IFEval on each ``(role, target, model)`` in turn, into ``out/<role>.json``; writes and returns the summary
+    ``out/ifeval.json``: ``rows`` (one per model) and ``comparisons``: when the first role is ``base``, every other
+    model against it, and with three or more models the last against the one before it (what the last stage cost),
+    each with the tolerance flag of the last model's recipe."""
+    prompts_file(prompts)  # a missing file fails before any model loads
     out = safety.check_target(out, "--out")
     summary_path = out / SUMMARY
     safety.check_replaceable_file(summary_path, "--out", ("benchmark", "rows"))
     rows, results = [], []
     for role, where, ref in models:
         res = ifeval(where, ref, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens, smoke=smoke,
-                     out=out / f"{role}.json", overrides=overrides,
-                     show_progress=show_progress)
+                     out=out / f"{role}.json", overrides=overrides, show_progress=show_progress)
         results.append(res)
         rows.append({"role": role, "model": res["model"], "n": res["n"], "instructions": res["instructions"],
                      "seconds": res["seconds"], "metrics": res["metrics"], "results": res["path"]})
     tolerance = results[-1]["tolerance"]  # the trained model's recipe says how much it may lose
-    comparisons = [{"role": row["role"], "against": rows[0]["role"], **compare(results[0], res, tolerance)}
-                   for row, res in zip(rows[1:], results[1:], strict=True)] if rows[0]["role"] == "base" else []
-    summary = {"benchmark": "ifeval", "target": str(target), "prompts": results[0]["prompts"],
-               "max_new_tokens": results[0]["max_new_tokens"], "tolerance": tolerance, "rows": rows,
-               "comparisons": comparisons}
+    pairs = [(0, i) for i in range(1, len(rows))] if rows[0]["role"] == "base" else []
+    if len(rows) >= 3:
+        pairs.append((len(rows) - 2, len(rows) - 1))
+    comparisons = [{"role": rows[i]["role"], "against": rows[j]["role"], **compare(results[j], results[i], tolerance)}
+                   for j, i in dict.fromkeys(pairs)]
+    summary = {"benchmark": "ifeval", "prompts": results[0]["prompts"], "max_new_tokens": results[0]["max_new_tokens"],
+               "tolerance": tolerance, "rows": rows, "comparisons": comparisons}
     safety.make_parent(summary_path, "eval")
     safety.write_text(summary_path, safety.dumps(summary, indent=2))
     summary["path"] = str(summary_path)
