@@ -13,7 +13,7 @@ import pytest
 
 from rlkit.errors import UserError
 from rlkit.evaluate.ifeval import compare, metrics
-from rlkit.evaluate.ifeval_checks import load_prompts, score
+from rlkit.evaluate.ifeval_checks import checkers, load_prompts, score
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.stats import wilson
 
@@ -70,9 +70,27 @@ def test_checkers_give_the_known_verdicts_on_real_prompts():
     assert low < 13 / 22 < high and high - low > wilson(13, 22)[1] - wilson(13, 22)[0]
 
 
+def test_verdicts_do_not_depend_on_chance():
+    """IFEval asks two prompts for a count of `#` and `!`, which lm-eval's letter checker replaces with a random
+    letter from Python's global RNG: rlkit seeds it per reply (and gives the caller its RNG back untouched)."""
+    import random
+
+    from langdetect import DetectorFactory
+
+    bang = row(1129, "p", ["keywords:letter_frequency"], [{"let_relation": "at least", "letter": "!", "let_frequency": 6}])
+    reply = " ".join(["abcdefghijklm"] * 6)  # half the letters 6 times, the other half never: a coin per draw
+    checkers()  # importing lm-eval's modules (and what they import) draws from the RNG itself
+    verdicts = []
+    for seed in range(20):
+        random.seed(seed)
+        before = random.getstate()
+        verdicts.append(score(bang, reply)["strict"])
+        assert random.getstate() == before and DetectorFactory.seed is None
+    assert len({tuple(v) for v in verdicts}) == 1
+
+
 def test_punkt_comes_from_the_wheel_into_rlkits_cache():
     from rlkit.cache import cache_dir
-    from rlkit.evaluate.ifeval_checks import checkers
 
     checkers()
     import nltk

@@ -100,18 +100,37 @@ def no_downloads() -> Iterator[None]:
             setattr(owner, name, value)
 
 
+@contextmanager
+def _seeded() -> Iterator[None]:
+    """Inside: the checkers' two sources of chance are seeded, and the caller's state is back afterwards.
+
+    langdetect samples unless ``DetectorFactory.seed`` is set (its documented switch); and an instruction whose
+    arguments the checker does not accept draws new ones from Python's global ``random`` (Google's reference code
+    does the same): two of the 541 prompts ask for a ``#`` and a ``!`` count, and the letter checker then counts
+    a random letter. lm-eval's harness seeds ``random`` once per run; rlkit seeds it per reply, so a reply gets the
+    same verdict on every run and in any order.
+    """
+    import random
+
+    try:
+        from langdetect import DetectorFactory
+    except ImportError:
+        raise UserError(f"IFEval's language checks need langdetect: {EXTRA_HINT}") from None
+    state, seed = random.getstate(), DetectorFactory.seed
+    random.seed(0)
+    DetectorFactory.seed = 0
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        DetectorFactory.seed = seed
+
+
 @cache
 def checkers() -> Any:
     """lm-eval's ``lm_eval.tasks.ifeval.utils`` module, imported offline with the Punkt model in place."""
     root = punkt_data()
     _on_nltk_path(root)
-    try:
-        import langdetect
-    except ImportError:
-        raise UserError(f"IFEval's language checks need langdetect: {EXTRA_HINT}") from None
-    # langdetect samples at random unless seeded (its documented switch): the same response would
-    # otherwise pass a language check on one run and fail it on the next.
-    langdetect.DetectorFactory.seed = 0
     with no_downloads():
         try:
             from lm_eval.tasks.ifeval import utils
@@ -128,7 +147,7 @@ def score(row: dict[str, Any], response: str) -> dict[str, Any]:
     harness's upper bound: the response also counts as following after dropping its first and/or last line
     and its ``*`` marks."""
     utils = checkers()
-    with no_downloads():
+    with no_downloads(), _seeded():
         verdict = utils.process_results(row, [response])
     return {"prompt_strict": bool(verdict["prompt_level_strict_acc"]),
             "prompt_loose": bool(verdict["prompt_level_loose_acc"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkit import runs
 from rlkit.evaluate.sampled import print_sampled
 from rlkit.stats import show_accuracy
 
@@ -97,4 +98,7 @@ def print_ifeval(summary: dict[str, Any]) -> None:
         if c["flagged"]:
             console.print(f"[red]IFEval: {c['role']} prompt-strict accuracy is {c['drop']:.3f} below {c['against']}'s, "
                           f"more than the tolerance {c['tolerance']:.3f} (eval.ifeval.tolerance)[/]")
-    console.print(f"per-prompt replies and verdicts: {Path(summary['path']).parent}/ (table: {summary['path']})")
+    folder = Path(summary["path"]).parent
+    console.print(f"per-prompt replies and verdicts: {folder}/ (table: {summary['path']})")
+    if folder.parts[-2:] == ("eval", "ifeval") and runs.is_run_dir(folder.parent.parent):
+        console.print(f"`rlkit report {folder.parent.parent}` adds it to the run's report.md")
