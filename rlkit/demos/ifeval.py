@@ -16,6 +16,7 @@ from typing import Any
 PROMPTS = Path("../shared/data/ifeval/input_data.jsonl")
 LIMIT = 50
 MAX_NEW_TOKENS = 256
+BATCH_SIZE = 50  # one batch: IFEval's prompts are short (at most ~100 tokens of the first 50), whatever the recipe's
 
 
 def ifeval_check(stages: Any, recipe: Path, overrides: list[str], models: list[tuple[str, str | None]], out: Path,
@@ -30,7 +31,8 @@ def ifeval_check(stages: Any, recipe: Path, overrides: list[str], models: list[t
     if not Path(prompts).is_file():
         stages.console.print(f"[yellow]{prompts} not found: the IFEval check is skipped[/]")
         return None
-    settings = [f"eval.ifeval.limit={limit or LIMIT}", f"eval.ifeval.max_new_tokens={MAX_NEW_TOKENS}", *overrides]
+    settings = [f"eval.ifeval.limit={limit or LIMIT}", f"eval.ifeval.max_new_tokens={MAX_NEW_TOKENS}",
+                f"eval.batch_size={BATCH_SIZE}", *overrides]
     stages.console.rule(f"IFEval: instruction following, {' -> '.join(name for name, _ in models)}")
     summary = stages.run("IFEval check", lambda: compare_models(
         [(name, recipe, model) for name, model in models], prompts, out, overrides=settings, show_progress=False))
