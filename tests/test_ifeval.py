@@ -252,6 +252,24 @@ def test_cli_smoke_recipe_alone(tmp_path, capsys):
     assert summary["rows"][0]["n"] == 3 and summary["max_new_tokens"] == 24  # --smoke: up to 8 prompts, 24 tokens
 
 
+def test_cli_model_alone_and_beside_a_base(tmp_path, capsys, tiny_model_dir):
+    """A model as TARGET (a Hub id, a merged directory, a pseudo id) is evaluated with default settings; --base puts
+    another beside it."""
+    prompts = _prompts_file(tmp_path)
+    code, captured = run_cli(capsys, "eval", "rlkit/tiny-qwen3", "--ifeval", prompts, "--limit", "2", "--out",
+                             tmp_path / "alone", "--set", "eval.ifeval.max_new_tokens=4")
+    assert code == 0, captured.err
+    alone = json.loads((tmp_path / "alone" / "ifeval.json").read_text())
+    assert [(r["role"], r["model"], r["n"]) for r in alone["rows"]] == [("model", "rlkit/tiny-qwen3", 2)]
+    code, captured = run_cli(capsys, "eval", tiny_model_dir, "--ifeval", prompts, "--base", "rlkit/tiny-qwen3",
+                             "--limit", "2", "--out", tmp_path / "pair", "--set", "eval.ifeval.max_new_tokens=4")
+    assert code == 0, captured.err
+    pair = json.loads((tmp_path / "pair" / "ifeval.json").read_text())
+    assert [r["role"] for r in pair["rows"]] == ["base", "model"]
+    # the same weights under two names: the same replies, so no difference and no flag
+    assert pair["comparisons"][0]["drop"] == 0 and pair["comparisons"][0]["flagged"] is False
+
+
 @pytest.mark.parametrize(("lines", "args", "message"), [
     (None, [], "no IFEval prompts file"),
     (['{"key": 1, "prompt": "p", "instruction_id_list": ["punctuation:no_comma"]}'], [], "line 1 has no kwargs"),

@@ -144,7 +144,7 @@ def plan(target: str, model: str | None, base: str | None, no_base: bool) -> lis
     else:
         if model is not None:
             raise UserError("--model: give the model as TARGET, or a run directory or recipe as TARGET")
-        models = ([("base", base, None)] if base is not None else []) + [("trained", target, None)]
+        models = ([("base", base, None)] if base is not None else []) + [("model", target, None)]
     if no_base:
         models = [m for m in models if m[0] != "base"]
     if not models:
