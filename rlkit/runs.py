@@ -36,7 +36,9 @@ TRAINER_CONFIG = "trainer_config.json"
 _SETUP_FILES = {RESOLVED, METRICS, TRAINER_CONFIG, "checkpoints", "wandb", "tensorboard", "plots", "report.md"}
 # Recipe keys that may change when a run resumes; anything else would make it a different run.
 RESUMABLE_CHANGES = ("trainer.max_steps", "trainer.num_train_epochs", "trainer.save_steps", "trainer.logging_steps",
-                     "trainer.save_total_limit", "trainer.report_to")
+                     "trainer.save_total_limit", "trainer.report_to",
+                     # what `rlkit eval --ifeval` reads after training; a run started before rlkit had it lacks them
+                     "eval.ifeval.limit", "eval.ifeval.max_new_tokens", "eval.ifeval.tolerance")
 _PACKAGES = ("rlkit", "trl", "transformers", "peft", "torch", "accelerate", "datasets", "bitsandbytes",
              "unsloth", "vllm")
 

@@ -3,6 +3,8 @@
 - :func:`wilson`: the 95% Wilson score interval of a proportion (accuracy on n problems). Unlike the
   normal approximation it stays inside [0, 1] and is honest at 0/n and n/n.
 - :func:`bootstrap`: a seeded percentile bootstrap interval of a mean (F1, EM, a graded reward).
+- :func:`bootstrap_ratio`: the same for a ratio of sums over clusters (IFEval's instruction-level accuracy:
+  a prompt's instructions are not independent, so the prompts are resampled, not the instructions).
 - :func:`paired`: before/after on the same problems: the mean difference, its paired-bootstrap interval
   and a p-value: exact McNemar (a two-sided binomial test on the discordant pairs) for 0/1 scores, a
   paired bootstrap test (resampling the centred differences) for graded ones.
@@ -48,6 +50,23 @@ def bootstrap(values: Sequence[float], *, seed: int = 0, samples: int = BOOTSTRA
     rng = np.random.default_rng(seed)
     means = data[rng.integers(0, data.size, (samples, data.size))].mean(axis=1)
     low, high = np.quantile(means, [ALPHA / 2, 1 - ALPHA / 2])
+    return float(low), float(high)
+
+
+def bootstrap_ratio(numerators: Sequence[float], denominators: Sequence[float], *, seed: int = 0,
+                    samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float]:
+    """The 95% percentile-bootstrap interval of ``sum(numerators) / sum(denominators)``, resampling the pairs
+    (clusters) together; seeded. ``(0.0, 1.0)`` when there is nothing to resample."""
+    import numpy as np
+
+    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    if num.shape != den.shape:
+        raise ValueError(f"a ratio needs one denominator per numerator: {num.size} and {den.size}")
+    if num.size == 0 or den.sum() <= 0:
+        return 0.0, 1.0
+    index = np.random.default_rng(seed).integers(0, num.size, (samples, num.size))
+    ratios = num[index].sum(axis=1) / np.maximum(den[index].sum(axis=1), 1e-12)
+    low, high = np.quantile(ratios, [ALPHA / 2, 1 - ALPHA / 2])
     return float(low), float(high)
 
 

@@ -102,13 +102,14 @@ def test_format_share_counts_replies_ending_with_the_answer_line():
 def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_path):
     """The real demo's wiring, on the tiny model with one GRPO step (the numbers are `make demo`'s job)."""
     from rlkit.demos.arith import run_demo
+    from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
 
     gsm = tmp_path / "test.jsonl"
     gsm.write_text("".join(json.dumps({"question": f"{i} plus {i}?", "answer": f"a\nb\n#### {2 * i}"}) + "\n"
                            for i in range(5)))
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
             "trainer.max_steps=1", "trainer.num_generations=2", "trainer.per_device_train_batch_size=4",
-            "trainer.max_completion_length=8", "eval.max_new_tokens=8"]
+            "trainer.max_completion_length=8", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
     summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3)
     slugs = [slug for _, slug, _ in eval_sets(gsm)]
     assert [r["n"] for r in summary["rows"]] == [3] * len(slugs)
@@ -118,9 +119,14 @@ def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_pat
         gain = r["gain"]  # paired on the same problems: exact McNemar for right/wrong
         assert gain["test"] == "mcnemar" and gain["diff"] == pytest.approx(r["grpo"] - r["base"])
         assert gain["low"] <= gain["diff"] <= gain["high"] and 0 <= gain["p"] <= 1
+    ifeval = IFEVAL_PROMPTS.is_file()
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "GRPO training",
-                                                       "trained eval"]
+                                                       "trained eval", *(["IFEval check"] if ifeval else [])]
     run = tmp_path / "demo" / "grpo"
+    if ifeval:  # base -> GRPO on the demo's first `limit` IFEval prompts, in demo.json and the run's report
+        assert [(r["role"], r["n"]) for r in summary["ifeval"]["rows"]] == [("base", 3), ("GRPO", 3)]
+        assert [(c["role"], c["against"]) for c in summary["ifeval"]["comparisons"]] == [("GRPO", "base")]
+        assert "## General ability: IFEval" in (run / "report.md").read_text()
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
         f"{tag}-{slug}.json" for tag in ("base", "grpo") for slug in slugs)
     report = (run / "report.md").read_text()

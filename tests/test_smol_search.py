@@ -93,10 +93,11 @@ def test_two_grpo_steps_with_retrieval_mask_exactly_the_tool_text_and_train_only
 @pytest.mark.timeout(600)
 def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(tmp_path):
     """`make demo-search`'s wiring, on the tiny model with one SFT and one GRPO step (the numbers are the demo's job)."""
+    from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
     from rlkit.demos.search import HOTPOTQA, run_search_demo
 
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "trainer.max_steps=1",
-            "trainer.save_steps=1", "model.max_seq_length=1024", "eval.max_new_tokens=8"]
+            "trainer.save_steps=1", "model.max_seq_length=1024", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
     grpo = ["trainer.num_generations=2", "trainer.max_completion_length=16", "trainer.per_device_train_batch_size=2"]
     summary = run_search_demo(tmp_path / "demo", tiny, grpo, teacher_questions=4, limit=3)
     slugs = ["heldout", "newwording"] + (["hotpotqa"] if (HOTPOTQA / "hotpotqa_train.json").is_file() else [])
@@ -106,7 +107,8 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
         assert r["grpo_minus_sft"]["diff"] == pytest.approx(r["grpo_f1"] - r["sft_f1"])
         assert r["sft_minus_base"]["diff"] == pytest.approx(r["sft_f1"] - r["base_f1"])
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "teacher rollout",
-                                                       "SFT training", "SFT eval", "GRPO training", "GRPO eval"]
+                                                       "SFT training", "SFT eval", "GRPO training", "GRPO eval",
+                                                       *(["IFEval check"] if IFEVAL_PROMPTS.is_file() else [])]
     demo = tmp_path / "demo"
     teacher = [json.loads(line) for line in (demo / "teacher" / "sft_rows.jsonl").read_text().splitlines()]
     assert len(teacher) == 4 and all(row["messages"][-1]["content"].startswith("<answer>") for row in teacher)

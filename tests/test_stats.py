@@ -94,3 +94,15 @@ def test_sampled_metrics_and_their_display():
     assert out["maj@4"]["mean"] == pytest.approx(2 / 3)
     assert stats.show({"mean": 0.41, "low": 0.3187, "high": 0.508}) == "0.410 [0.319, 0.508]"
     assert stats.show_diff(stats.paired([0] * 6, [1] * 6)).endswith("p=0.031 *")
+
+
+def test_bootstrap_ratio_resamples_clusters():
+    """One instruction per prompt: the ratio's interval is the plain bootstrap's, draw for draw. Prompts of unequal
+    size weigh by their size: 2 of 2 and 0 of 8 is 0.2, not the mean of the per-prompt shares (0.5)."""
+    values = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1]
+    assert stats.bootstrap_ratio(values, [1] * 10) == stats.bootstrap(values)
+    low, high = stats.bootstrap_ratio([2, 0] * 10, [2, 8] * 10)
+    assert low < 0.2 < high and high < 0.5
+    assert stats.bootstrap_ratio([], []) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="one denominator per numerator"):
+        stats.bootstrap_ratio([1, 2], [3])

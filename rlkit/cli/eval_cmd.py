@@ -1,5 +1,5 @@
-"""``rlkit eval``: greedy pass@1 on a recipe's eval split, with sampled metrics (``--samples K``) or on every set of
-an eval suite (``--suite``)."""
+"""``rlkit eval``: greedy pass@1 on a recipe's eval split, with sampled metrics (``--samples K``), on every set of
+an eval suite (``--suite``), or IFEval's instruction following, base beside trained (``--ifeval FILE``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rlkit.errors import UserError
 
 
 def eval_(
-    target: str = typer.Argument(..., help="A recipe YAML or a run directory (with --suite also a model)."),
+    target: str = typer.Argument(..., help="A recipe YAML or a run directory (with --suite or --ifeval also a model)."),
     model: str = typer.Option(None, "--model", help="Merged model dir, base model id, adapter dir or run dir."),
     limit: int = typer.Option(None, "--limit", min=1, help="Evaluate the first N eval examples."),
     smoke: bool = SmokeOpt,
@@ -21,12 +21,26 @@ def eval_(
     resume: bool = typer.Option(False, "--resume", help="Continue a killed eval after the examples it wrote."),
     suite: str = typer.Option(None, "--suite", help="A suite YAML or a shipped suite (arith, multihop): every set, "
                               "base and trained side by side; --out is then a folder."),
-    base: str = typer.Option(None, "--base", help="With --suite: the base to compare with (default: the run's)."),
-    no_base: bool = typer.Option(False, "--no-base", help="With --suite: skip the base model."),
+    ifeval: Path = typer.Option(None, "--ifeval", help="IFEval's input_data.jsonl (or its folder): instruction "
+                                "following, base and trained side by side, a drop past eval.ifeval.tolerance "
+                                "flagged; --out is then a folder."),
+    base: str = typer.Option(None, "--base", help="With --suite/--ifeval: the base to compare with (default: the "
+                             "run's)."),
+    no_base: bool = typer.Option(False, "--no-base", help="With --suite/--ifeval: skip the base model."),
     samples: int = typer.Option(None, "--samples", help="Also K samples per problem: pass@1, pass@K, avg@K, maj@K."),
     temperature: float = typer.Option(None, "--temperature", help="Sampling temperature for --samples (default 1)."),
 ) -> None:
-    """Greedy pass@1 accuracy on the recipe's eval split (on every set of a --suite; --samples K: sampled metrics)."""
+    """Greedy pass@1 accuracy on the recipe's eval split (on every set of a --suite; --samples K: sampled metrics;
+    --ifeval FILE: IFEval prompt/instruction accuracy, strict and loose)."""
+    if ifeval is not None:
+        from rlkit.evaluate.ifeval import run_ifeval
+        from rlkit.evaluate.show import print_ifeval
+
+        if suite is not None or samples is not None or resume:
+            raise UserError("--ifeval is an eval of its own: drop --suite/--samples/--resume")
+        print_ifeval(run_ifeval(target, ifeval, model=model, base=base, no_base=no_base, limit=limit, out=out,
+                                overrides=set_ or [], smoke=smoke))
+        return
     if suite is not None:
         from rlkit.cli.suite import eval_suite
 
@@ -37,7 +51,7 @@ def eval_(
     if samples is not None and suite is not None:
         raise UserError("--samples works on one eval split; drop --suite, or drop --samples")
     if base is not None or no_base:
-        raise UserError("--base/--no-base compare models on a --suite; add --suite NAME|FILE")
+        raise UserError("--base/--no-base compare models on a --suite or --ifeval; add --suite NAME|FILE")
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.show import print_eval
 

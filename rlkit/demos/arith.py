@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlkit.demos.ifeval import ifeval_check
 from rlkit.demos.stages import GAIN_CAPTION, Stages, prepare
 from rlkit.recipe import recipes_dir
 
@@ -113,6 +114,8 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     # The run's report.md then holds base and trained accuracies side by side, next to the reward curves.
     for path in base_dir.glob("*.json"):
         shutil.copy(path, run_dir / "eval" / path.name)
+    ifeval_check(stages, recipe, overrides, [("base", None), ("GRPO", str(run_dir))], run_dir / "eval" / "ifeval",
+                 limit=limit)
     write_report(run_dir)
 
     rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "grpo": t["accuracy"],

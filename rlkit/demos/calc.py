@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import jsonl
+from rlkit.demos.ifeval import ifeval_check
 from rlkit.demos.stages import GAIN_CAPTION, Stages, prepare
 from rlkit.recipe import recipes_dir
 
@@ -87,6 +88,8 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     (grpo_dir / "eval").mkdir(exist_ok=True)
     for path in (output_dir / "eval").glob("*.json"):
         shutil.copy(path, grpo_dir / "eval" / path.name)
+    ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(grpo_dir))],
+                 grpo_dir / "eval" / "ifeval")
     write_report(grpo_dir)
 
     rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "sft": s["accuracy"], "grpo": g["accuracy"],

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import jsonl
+from rlkit.demos.ifeval import ifeval_check
 from rlkit.demos.stages import Stages, prepare
 from rlkit.recipe import recipes_dir
 
@@ -129,6 +130,8 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     (grpo_dir / "eval").mkdir(exist_ok=True)
     for path in (output_dir / "eval").glob("*.json"):
         shutil.copy(path, grpo_dir / "eval" / path.name)
+    ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(grpo_dir))],
+                 grpo_dir / "eval" / "ifeval", limit=limit)
     write_report(grpo_dir)
     rows = _rows(sets, base, sft, grpo)
     _print_tables(console, rows)

@@ -39,6 +39,9 @@ class Stages:
 
     def __init__(self, console: Any) -> None:
         self.console, self.rows, self.started = console, [], time.time()
+        # What a shared check (rlkit.demos.ifeval) adds: more keys for demo.json, more tables for the close.
+        self.extra: dict[str, Any] = {}
+        self.tables: list[Any] = []
 
     def run(self, name: str, work: Callable[[], Any]) -> Any:
         load_before, t = os.getloadavg()[0], time.time()
@@ -53,11 +56,14 @@ class Stages:
         """Print the time per stage and the total; write and return the summary (``output_dir/demo.json``)."""
         from rlkit import safety
 
+        for table in self.tables:
+            self.console.print(table)
         self.console.print(self.table())
         total = time.time() - self.started
         self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the runs, evals and predictions are in "
                            f"{output_dir}/")
-        summary = {"rows": rows, "stages": self.rows, "total_seconds": round(total, 1), "cpus": os.cpu_count()}
+        summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
+                   "cpus": os.cpu_count()}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
         return summary
 

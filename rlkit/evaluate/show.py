@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from rlkit import runs
 from rlkit.evaluate.sampled import print_sampled
 from rlkit.stats import show_accuracy
 
@@ -50,3 +52,53 @@ def print_agent_eval(results: dict[str, Any]) -> None:
     console.print(f"{results['seconds']:.1f}s; results: {results['path']}; trajectories: {results['trajectories']}")
     if "samples" in results:
         print_sampled(results, console)
+
+
+IFEVAL_COLUMNS = (("prompt_strict", "prompt strict"), ("inst_strict", "inst strict"),
+                  ("prompt_loose", "prompt loose"), ("inst_loose", "inst loose"))
+
+
+def ifeval_table(summary: dict[str, Any], title: str | None = None) -> Any:
+    """A row per model (accuracy [95% interval] of the four IFEval numbers), then per trained model its paired
+    prompt-level differences from the base and whether the drop passed the tolerance."""
+    from rich.table import Table
+
+    from rlkit.stats import show_diff
+
+    table = Table(title=title or f"IFEval ({summary['rows'][0]['n']} prompts, up to {summary['max_new_tokens']} new "
+                                 "tokens, greedy): accuracy [95% interval]",
+                  caption=f"prompt = every instruction of a prompt followed (Wilson); inst = instructions followed "
+                          f"(bootstrap over prompts). Difference: paired, exact McNemar; flagged when prompt strict "
+                          f"falls more than {summary['tolerance']:.3f} below the base")
+    table.add_column("model")
+    for _, name in IFEVAL_COLUMNS:
+        table.add_column(name, justify="right")
+    table.add_column("seconds", justify="right")
+    table.add_column("tolerance check")
+    for row in summary["rows"]:
+        m = row["metrics"]
+        table.add_row(f"{row['role']}: {row['model']}",
+                      *(show_accuracy(m[key]["accuracy"], None, m[key]["interval"]) for key, _ in IFEVAL_COLUMNS),
+                      f"{row['seconds']:.0f}", "")
+    for c in summary["comparisons"]:
+        verdict = (f"[red]FLAGGED: -{c['drop']:.3f}[/]" if c["flagged"] else "within tolerance")
+        table.add_row(f"{c['role']} - {c['against']}", show_diff(c["prompt_strict"]), "",
+                      show_diff(c["prompt_loose"]), "", "", verdict)
+    return table
+
+
+def print_ifeval(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # a log file or a pipe: every column whole
+        console = Console(width=200)
+    console.print(ifeval_table(summary))
+    for c in summary["comparisons"]:
+        if c["flagged"]:
+            console.print(f"[red]IFEval: {c['role']} prompt-strict accuracy is {c['drop']:.3f} below {c['against']}'s, "
+                          f"more than the tolerance {c['tolerance']:.3f} (eval.ifeval.tolerance)[/]")
+    folder = Path(summary["path"]).parent
+    console.print(f"per-prompt replies and verdicts: {folder}/ (table: {summary['path']})")
+    if folder.parts[-2:] == ("eval", "ifeval") and runs.is_run_dir(folder.parent.parent):
+        console.print(f"`rlkit report {folder.parent.parent}` adds it to the run's report.md")

@@ -199,12 +199,22 @@ class EnvSpec(Strict):
         return self
 
 
+class IFEvalSpec(Strict):
+    """``rlkit eval --ifeval FILE`` and the demos' IFEval check: how many prompts, how long a reply, and how
+    far the trained model's prompt-strict accuracy may fall below its base's before it is flagged."""
+
+    limit: int | None = Field(None, gt=0, description="the first N prompts of the file (default: all 541)")
+    max_new_tokens: int = Field(1280, gt=0, description="per reply; lm-eval's IFEval task generates up to 1280")
+    tolerance: float = Field(0.05, ge=0, le=1, description="flag a drop in prompt-strict accuracy larger than this")
+
+
 class EvalSpec(Strict):
     max_new_tokens: int = Field(512, gt=0)
     batch_size: int = Field(32, gt=0)
     agent_every: int | None = Field(None, gt=0, description="GRPO with an env: score the agent on held-out "
                                     "questions every N steps, keep the best adapter (rlkit.evaluate.during)")
     agent_limit: int = Field(20, gt=0, description="held-out questions per agent eval during training")
+    ifeval: IFEvalSpec = Field(default_factory=IFEvalSpec)
 
 
 class Recipe(Strict):

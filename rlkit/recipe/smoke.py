@@ -94,7 +94,12 @@ def apply_smoke(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             put(source, "limit", min(source.get("limit") or rows, rows), f"data.{split}.limit")
         else:
             put(task_data, split, {"synthetic": rows, "seed": seed}, f"data.{split}")
-    put(data.setdefault("eval", {}), "max_new_tokens", 24, "eval.max_new_tokens")
+    evals = data.setdefault("eval", {})
+    put(evals, "max_new_tokens", 24, "eval.max_new_tokens")
+    if isinstance(evals.get("ifeval", {}), dict):  # `rlkit eval --ifeval --smoke`: a few prompts, short replies
+        ifeval = evals.setdefault("ifeval", {})
+        put(ifeval, "limit", min(ifeval.get("limit") or 8, 8), "eval.ifeval.limit")
+        put(ifeval, "max_new_tokens", 24, "eval.ifeval.max_new_tokens")
 
     trainer = data.setdefault("trainer", {})
     algorithm = data.get("algorithm")

@@ -1,7 +1,8 @@
 """``rlkit report``: PNG charts and a Markdown report for a run directory.
 
     RUN/plots/*.png   one chart per group of metrics the run logged (reward, loss, KL, lengths, ...)
-    RUN/report.md     what the run was, a first/last/min/max table of its key metrics, its evals, the charts
+    RUN/report.md     what the run was, a first/last/min/max table of its key metrics, its evals (with IFEval's
+                      base -> trained check from RUN/eval/ifeval/ifeval.json, flagged past its tolerance), the charts
 
 Charts are drawn only for metrics present in ``metrics.jsonl``; the x axis is TRL's ``global_step``. A value
 that is missing, null or NaN is skipped, not drawn as zero. Every file is written under a temporary name and
@@ -21,7 +22,7 @@ from typing import Any
 from rlkit import runs, secrets
 from rlkit.errors import UserError
 from rlkit.report.charts import CHARTS, atomic_write, finite_number, fmt, series
-from rlkit.stats import show_accuracy
+from rlkit.stats import show_accuracy, show_diff
 
 PLOTS = "plots"
 REPORT = "report.md"
@@ -66,6 +67,7 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     table = [_row(key, rows) for key in keys]
     best = json.loads((run_dir / "best.json").read_text()) if (run_dir / "best.json").exists() else None
     summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals, "best": best,
+               "ifeval": _read_ifeval(run_dir / "eval" / "ifeval" / "ifeval.json"),
                "plots": [c["path"] for c in charts], "report": run_dir / REPORT,
                **_progress(recipe, rows, run_dir)}
     text = secrets.redact(_markdown(summary, charts))  # a token that found its way into a model path, say
@@ -94,6 +96,41 @@ def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:
                         "interval": result.get("interval"), "seconds": result.get("seconds"),
                         "by_question_type": result.get("by_question_type") or {}})
     return out
+
+
+def _read_ifeval(path: Path) -> dict[str, Any] | None:
+    """The summary ``rlkit eval RUN --ifeval`` (or a demo) wrote, if any."""
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e.msg}); rerun `rlkit eval RUN --ifeval FILE`") from None
+    return summary if isinstance(summary, dict) and summary.get("benchmark") == "ifeval" else None
+
+
+def _ifeval_lines(summary: dict[str, Any]) -> list[str]:
+    """Report lines: a row per model, then each paired difference and whether the drop passed the tolerance."""
+    names = (("prompt_strict", "prompt strict"), ("inst_strict", "inst strict"), ("prompt_loose", "prompt loose"),
+             ("inst_loose", "inst loose"))
+    rows = summary["rows"]
+    lines = ["", "## General ability: IFEval", "",
+             f"{rows[0]['n']} prompts of `{summary['prompts']}`, greedy, up to {summary['max_new_tokens']} new tokens; "
+             "accuracy [95% interval]. Tolerance: prompt strict may fall "
+             f"{summary['tolerance']:.3f} below the base.", "",
+             "| model | " + " | ".join(n for _, n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for row in rows:
+        cells = [show_accuracy(row["metrics"][k]["accuracy"], None, row["metrics"][k]["interval"]) for k, _ in names]
+        lines.append(f"| {row['role']}: `{row['model']}` | " + " | ".join(cells) + " |")
+    for c in summary.get("comparisons") or []:
+        lines.append(f"| {c['role']} - {c['against']} | {show_diff(c['prompt_strict'])} | | "
+                     f"{show_diff(c['prompt_loose'])} | |")
+    for c in summary.get("comparisons") or []:
+        lines += ["", f"**⚠ IFEval regression: {c['role']}'s prompt-strict accuracy is {c['drop']:.3f} below "
+                      f"{c['against']}'s, more than the tolerance {c['tolerance']:.3f}.**" if c["flagged"] else
+                  f"IFEval: {c['role']} is within tolerance (prompt strict {c['prompt_strict']['diff']:+.3f} against "
+                  f"{c['against']}, tolerance {c['tolerance']:.3f})."]
+    return lines
 
 
 def _numbers(row: dict[str, Any]) -> list[str]:
@@ -147,6 +184,8 @@ def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
                          f"| `eval/{e['file']}` |")
             lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {_accuracy(row)} | | |"
                       for kind, row in e["by_question_type"].items() if isinstance(row, dict)]
+    if s.get("ifeval"):
+        lines += _ifeval_lines(s["ifeval"])
     if s.get("best"):
         b = s["best"]
         lines += ["", "## Best checkpoint (agent eval during training)", "",
@@ -175,6 +214,10 @@ def render(summary: dict[str, Any], console: Any) -> None:
         for e in summary["evals"]:
             evals.add_row(escape(e["model"]), fmt(e["n"]), _accuracy(e))
         console.print(evals)
+    for c in (summary.get("ifeval") or {}).get("comparisons") or []:
+        if c["flagged"]:
+            console.print(f"[red]IFEval regression: {c['role']}'s prompt-strict accuracy is {c['drop']:.3f} below "
+                          f"{c['against']}'s (tolerance {c['tolerance']:.3f})[/]")
 
 
 def _accuracy(row: dict[str, Any]) -> str:

@@ -1,0 +1,44 @@
+"""The general-ability check every demo ends with: IFEval on a fixed subset, the base model and each trained stage
+(``rlkit eval --ifeval``'s code, :mod:`rlkit.evaluate.ifeval`), so each demo shows what its training cost in
+instruction following, and flags a drop in prompt-strict accuracy beyond the recipe's ``eval.ifeval.tolerance``.
+
+The subset is the first :data:`LIMIT` prompts of IFEval's file, replies capped at :data:`MAX_NEW_TOKENS` new tokens
+(greedy), the same for every demo and every stage: one batch of 256 decoding steps per model, 126 s user + 167 s
+system CPU for SmolLM2 in one thread (docs/ifeval.md has the measurements). A prompt that asks for 300+ words
+cannot be followed in 256 tokens by any model: the cap lowers every stage alike, and the comparison is paired.
+Skipped, with a line saying so, when the prompts file is not there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+PROMPTS = Path("../shared/data/ifeval/input_data.jsonl")
+LIMIT = 50
+MAX_NEW_TOKENS = 256
+BATCH_SIZE = 50  # one batch: IFEval's prompts are short (at most ~100 tokens of the first 50), whatever the recipe's
+
+
+def ifeval_check(stages: Any, recipe: Path, overrides: list[str], models: list[tuple[str, str | None]], out: Path,
+                 *, limit: int | None = None, prompts: Path = PROMPTS) -> dict[str, Any] | None:
+    """IFEval on each ``(stage name, model)`` (None: the recipe's base model) as one timed stage, written to ``out``
+    (a run's ``eval/ifeval``, so its report.md shows it); its table closes the demo and ``demo.json`` holds its
+    summary under ``ifeval``. ``limit`` (a demo's quick check) and ``overrides`` (``eval.ifeval.*``) win over
+    :data:`LIMIT` and :data:`MAX_NEW_TOKENS`."""
+    from rlkit.evaluate.ifeval import compare_models
+    from rlkit.evaluate.show import ifeval_table
+
+    if not Path(prompts).is_file():
+        stages.console.print(f"[yellow]{prompts} not found: the IFEval check is skipped[/]")
+        return None
+    settings = [f"eval.ifeval.limit={limit or LIMIT}", f"eval.ifeval.max_new_tokens={MAX_NEW_TOKENS}",
+                f"eval.batch_size={BATCH_SIZE}", *overrides]
+    stages.console.rule(f"IFEval: instruction following, {' -> '.join(name for name, _ in models)}")
+    summary = stages.run("IFEval check", lambda: compare_models(
+        [(name, recipe, model) for name, model in models], prompts, out, overrides=settings, show_progress=False))
+    stages.extra["ifeval"] = summary
+    stages.tables.append(ifeval_table(summary, title=f"general ability: IFEval, first {summary['rows'][0]['n']} "
+                                                     f"prompts, up to {summary['max_new_tokens']} new tokens, greedy "
+                                                     "(accuracy [95% interval])"))
+    return summary
