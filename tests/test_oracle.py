@@ -79,3 +79,25 @@ def _strip(rows):
         out = {k: v for k, v in m.items() if k not in ("tool_call_id", "tool_calls")}
         return out | ({"tool_calls": [c["function"] for c in m["tool_calls"]]} if m.get("tool_calls") else {})
     return [[message(m) for m in row["messages"]] for row in rows]
+
+
+def test_multihop_rows_carry_their_evidence_articles_and_episodes_score_evidence_recall(tmp_path, monkeypatch):
+    """MultiHop-RAG's evidence_list names the articles that answer a question: they are its supporting ids
+    (matched by title, the corpus has no ids), so an episode's evidence recall is measured. The oracle's
+    searches find every evidence article at top_k 2; a search that finds nothing scores 0."""
+    from rlkit.agents.rollout import episode_rows, rollout
+    from rlkit.data import multihop_rag
+    from rlkit.recipe import load_recipe
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    overrides = ["data.eval.synthetic=8", "retrieval.top_k=2"]
+    recipe = load_recipe(MULTIHOP, overrides, smoke=True)
+    queries = multihop_rag.generate(8, seed=recipe.data.eval.seed)
+    rows = episode_rows(recipe, "eval", None)
+    assert [r["question_type"] for r in rows] == [q["question_type"] for q in queries]
+    assert [r["supporting_ids"] for r in rows] == [[e["title"] for e in q["evidence_list"]] for q in queries]
+    assert [len(r["supporting_ids"]) for r in rows] == [2, 2, 2, 0] * 2  # a null query has no evidence
+    rollout(MULTIHOP, oracle=True, smoke=True, out=tmp_path / "oracle.jsonl", show_progress=False,
+            overrides=overrides)
+    recalls = [json.loads(line)["metrics"].get("evidence_recall") for line in (tmp_path / "oracle.jsonl").open()]
+    assert recalls == [None if not r["supporting_ids"] else 1.0 for r in rows]

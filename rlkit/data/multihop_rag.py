@@ -81,7 +81,8 @@ def chat_prompt(query: str, variant: str = "default") -> list[dict[str, str]]:
 
 
 # MultiHop-RAG as a preset of the generic `qa` task: its columns mapped, its prompts, its search description.
-COLUMNS_PRESET = {"question": "query", "answer": "answer", "type": "question_type"}
+# The evidence's articles are the supporting documents, matched by title (the corpus has no ids): evidence recall.
+COLUMNS_PRESET = {"question": "query", "answer": "answer", "type": "question_type", "supporting_ids": "evidence_list"}
 
 
 def grpo_rows(ds, prompt: str = "default"):

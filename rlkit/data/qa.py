@@ -89,9 +89,14 @@ def _strings(value: Any) -> list[str]:
 
 
 def _ids(value: Any) -> list[str]:
-    """Supporting ids in first-seen order, each once; ``[id, ...]`` items (HotpotQA's facts) give their id."""
+    """Supporting ids in first-seen order, each once; ``[id, ...]`` items (HotpotQA's facts) give their id, and
+    ``{"id" | "title": ...}`` items (MultiHop-RAG's evidence) their id, else their title."""
     ids: list[str] = []
     for item in _listed(value):
+        if isinstance(item, dict):
+            item = item.get("id", item.get("title"))
+            if item is None:
+                continue
         key = str(item[0] if isinstance(item, list | tuple) and item else item)
         if key not in ids:
             ids.append(key)
