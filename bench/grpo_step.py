@@ -116,6 +116,6 @@ if __name__ == "__main__":
                    ["phase", "seconds", "share", "peak RSS GB", "calls"], phase_rows(found)))
         print(json.dumps({"peaks": [s["_step"]["peak_bytes"] / GB for s in found["steps"]],
                           "rss_at_step_begin": [s["_begin"]["peak_bytes"] / GB for s in found["steps"]],
-                          "metrics": found["metrics"], "lengths": found["lengths"]}))
+                          "metrics": found["metrics"], "lengths": found["lengths"], "steps": found["steps"]}))
     else:
         main(sys.argv[1:])
