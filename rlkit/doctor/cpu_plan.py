@@ -26,7 +26,7 @@ larger of the two phases (bench/results/grpo_step.md profiles them). Terms, in b
 
 The constants were measured on SmolLM2-135M-Instruct (bf16, eager attention, LoRA r=16 on all linears) with
 bench/loss_memory.py (the loss alone, heap threshold 128 KiB) and bench/grpo_step.py (whole steps at the
-default threshold); each says where it came from. tests/test_doctor.py holds the plan of the three CPU recipes
+default threshold); each says where it came from. tests/test_doctor_cpu_plan.py holds the plan of the CPU recipes
 to their measured peaks.
 """
 
