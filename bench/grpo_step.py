@@ -30,6 +30,11 @@ CASES = {
     "calc": ("smol_calc_grpo.yaml", ["trainer.max_steps=3"], 3.0, "smol_calc_grpo as shipped: 8 x ~600 tokens"),
     "calc16": ("smol_calc_grpo.yaml", ["trainer.max_steps=2", "trainer.per_device_train_batch_size=16"], 4.0,
                "smol_calc_grpo at 16 sequences of ~600 tokens"),
+    # The base model answers without searching, so its completions are forced to max_completion_length (768):
+    # 8 x (~420 prompt + 768) tokens, the shape of the oracle teacher's two-search episodes (mean 1,196 tokens:
+    # a ~410-token prompt, ~780 of searches, results and answer, which GRPO cuts at 768).
+    "search": ("smol_search_grpo.yaml", ["trainer.max_steps=2", "trainer.generation_kwargs={min_new_tokens: 768}"],
+               4.0, "smol_search_grpo, 8 x ~1,190 tokens (completions forced to 768)"),
     "long8": ("smol_arith_grpo.yaml", ["trainer.max_steps=2", "trainer.per_device_train_batch_size=8",
                                        "model.max_seq_length=1100", "trainer.max_completion_length=854",
                                        "trainer.generation_kwargs={min_new_tokens: 854}"], 4.0,
@@ -51,7 +56,7 @@ def child(name: str, out: str, extra: list[str]) -> None:
         run_dir = train(ROOT / "recipes" / recipe, [*overrides, *extra], output_dir=Path(tmp) / "run", doctor=False)
         metrics = [{k: m[k] for k in ("step", "loss", "reward") if k in m} for m in read_metrics(run_dir)
                    if "loss" in m]
-    Path(out).write_text(json.dumps({"steps": probe.steps, "metrics": metrics}))
+    Path(out).write_text(json.dumps({"steps": probe.steps, "metrics": metrics, "lengths": probe.lengths}))
 
 
 def run_case(name: str, extra: list[str] = ()) -> dict:
@@ -111,6 +116,6 @@ if __name__ == "__main__":
                    ["phase", "seconds", "share", "peak RSS GB", "calls"], phase_rows(found)))
         print(json.dumps({"peaks": [s["_step"]["peak_bytes"] / GB for s in found["steps"]],
                           "rss_at_step_begin": [s["_begin"]["peak_bytes"] / GB for s in found["steps"]],
-                          "metrics": found["metrics"]}))
+                          "metrics": found["metrics"], "lengths": found["lengths"], "steps": found["steps"]}))
     else:
         main(sys.argv[1:])

@@ -54,6 +54,18 @@ class Probe:
         self.last = time.perf_counter()
         self.peak = 0
         self.in_step = False
+        self.lengths: list[dict[str, object]] = []  # per step: the scored batch's token counts
+
+    def record_lengths(self, batch: dict[str, Any]) -> None:
+        """Token counts of a scored batch: padded widths (what the loss forward allocates) and per sequence
+        the prompt and completion tokens (completion_mask counts tool-result tokens too: they are forwarded)."""
+        if not self.in_step:
+            return
+        prompts, completions = batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist()
+        self.lengths.append({"step": len(self.steps), "batch": len(prompts),
+                             "prompt_width": batch["prompt_ids"].shape[1],
+                             "completion_width": batch["completion_ids"].shape[1],
+                             "prompt_tokens": prompts, "completion_tokens": completions})
 
     def _mark(self) -> None:
         """Charge the time and peak since the last boundary to the innermost open phase."""
@@ -98,9 +110,12 @@ class Probe:
 
             self.enter(name or (WITH_GRAD if torch.is_grad_enabled() else NO_GRAD))
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 self.exit()
+            if attr == "_generate_and_score_completions":
+                self.record_lengths(result)
+            return result
 
         setattr(owner, attr, wrapped)
 

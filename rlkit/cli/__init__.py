@@ -95,7 +95,8 @@ def doctor(
                                 help="Learnability probe: completions per prompt (default 8; 0 with --smoke)."),
     limit: int = typer.Option(8, "--limit", min=1, help="Train prompts/rows the checks read."),
     gpu: str = typer.Option(None, "--gpu", help="Memory plan target: h100-80gb, a100-40gb, a100-80gb, l4-24gb, "
-                            "rtx4090-24gb, t4-16gb, ... or a size in GB (default: this machine's GPU)."),
+                            "rtx4090-24gb, t4-16gb, ... or a size in GB (default: this machine's GPU; without "
+                            "one, peak RSS on this CPU)."),
     endpoint: str = typer.Option(None, "--endpoint", help="Sample the probe from an OpenAI-compatible server "
                                  "(e.g. http://localhost:8000/v1) instead of loading the model here."),
     api_key: str = typer.Option(None, "--api-key", help="Endpoint API key (default: $OPENAI_API_KEY); never saved."),

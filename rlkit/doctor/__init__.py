@@ -7,6 +7,7 @@ Each check family is one module and returns :class:`Check` rows (a verdict, the 
 - :mod:`.rewards`    the reward card: gold answers and adversarial completions through every reward
 - :mod:`.learn`      learnability: K samples per prompt, pass@1/pass@K, groups with zero reward variance
 - :mod:`.memory`     memory plan for a GPU (weights, LoRA + optimizer, activations, reference, vLLM KV cache)
+- :mod:`.cpu_plan`   without a GPU: peak RSS of a GRPO step on CPU against this machine's RAM, from measured costs
 - :mod:`.arith`      TRL's batch arithmetic, steps per epoch, tokens per step, time per step from bench figures
 - :mod:`.versions`   installed packages against rlkit's supported ranges; CUDA and the driver
 
@@ -242,8 +243,11 @@ def _family(family: str, ctx: Context, **options: Any) -> tuple[list[Check], dic
         return learn.checks(ctx, samples=options["samples"], endpoint=options["endpoint"],
                             api_key=options["api_key"], write_filtered=options["write_filtered"])
     if family == "memory":
-        from rlkit.doctor import memory
+        from rlkit.backends import cuda_available
+        from rlkit.doctor import cpu_plan, memory
 
+        if options["gpu"] is None and not cuda_available():  # no GPU to plan for: this machine's RAM
+            return cpu_plan.checks(ctx)
         return memory.checks(ctx, gpu=options["gpu"])
     if family == "config":
         from rlkit.doctor import arith

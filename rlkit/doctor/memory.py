@@ -9,7 +9,8 @@ configs for Hub ids that are not cached) and the recipe's settings:
   ``adamw_8bit``); ``modules_to_save`` copies train whole
 - activations: with gradient checkpointing, each layer's input kept (Unsloth offloads these to CPU
   RAM) plus one layer recomputed; the logits of the micro-batch in fp32 with their gradient (Unsloth
-  computes them in chunks)
+  computes them in chunks); TRL's GRPO computes them for the completion only (``logits_to_keep``,
+  trl/trainer/grpo_trainer.py:1522 and :1536, TRL 1.12.0)
 - the reference model when ``beta > 0`` and there is no LoRA (with LoRA the reference is the base
   with the adapter disabled: no copy)
 - generation: vLLM colocated reserves ``gpu_memory_utilization`` of the GPU for its weights (shared
@@ -18,6 +19,7 @@ configs for Hub ids that are not cached) and the recipe's settings:
 - CUDA context and allocator slack
 
 Checked against published figures in tests/test_doctor.py (see the README's "Before you launch").
+Without a GPU (no ``--gpu``, no CUDA) the doctor plans for this machine's RAM instead: :mod:`.cpu_plan`.
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class Plan:
     vllm_share: float = 0.3
     beta: float = 0.0
     unsloth: bool = False
+    completion_logits: bool = False  # TRL's GRPO: logits of the completion tokens only
 
     def estimate(self) -> dict[str, float]:
         s, counts = self.shape, parameter_counts(self.shape)
@@ -164,7 +167,10 @@ class Plan:
             acts = kept + tokens * (8 * h + 4 * s["intermediate_size"]) * 2
         else:
             acts = tokens * (16 * h + 4 * s["intermediate_size"]) * 2 * layers
-        logit_tokens = min(tokens, UNSLOTH_LOGIT_CHUNK) if self.unsloth else tokens
+        if self.unsloth:  # Unsloth's own chunked loss, as modeled before; its source was not re-read here
+            logit_tokens = min(tokens, UNSLOTH_LOGIT_CHUNK)
+        else:
+            logit_tokens = self.micro_batch * self.completion_tokens if self.completion_logits else tokens
         logits = logit_tokens * vocab * 4 * 2  # fp32 logits and their gradient
         reference = weights if self.beta > 0 and self.lora_r is None else 0.0
         kv_per_token = 2 * layers * s["num_key_value_heads"] * s["head_dim"] * 2
@@ -240,7 +246,7 @@ def plan_for(ctx: Context, shape: dict[str, Any], prompt_tokens: int) -> Plan:
                 prompt_tokens=prompt_tokens, completion_tokens=int(completion),
                 gradient_checkpointing=bool(ctx.setting("gradient_checkpointing", True)),
                 generation_batch=gen_batch if algo in ("grpo", "ppo") else 0, vllm=vllm, vllm_share=share,
-                beta=float(ctx.setting("beta", 0.0) or 0.0), unsloth=unsloth)
+                beta=float(ctx.setting("beta", 0.0) or 0.0), unsloth=unsloth, completion_logits=algo == "grpo")
 
 
 def suggestion(plan: Plan, gpu_gib: float) -> str | None:
@@ -275,10 +281,8 @@ def suggestion(plan: Plan, gpu_gib: float) -> str | None:
 def checks(ctx: Context, gpu: str | None) -> tuple[list[Check], dict[str, list[dict[str, Any]]]]:
     shape = model_shape(ctx.recipe.model.name_or_path)
     if shape is None:
-        return [Check(F, "plan", "warn", f"unknown model {ctx.recipe.model.name_or_path!r}: not cached here and not "
-                      "in rlkit's table of known configs", "run the doctor where the model is cached")], {}
-    prompt_tokens = mean_prompt_tokens(ctx) or 256
-    plan = plan_for(ctx, shape, prompt_tokens)
+        return [unknown_model(ctx)], {}
+    plan = plan_for(ctx, shape, mean_prompt_tokens(ctx) or 256)
     est = plan.estimate()
     counts = parameter_counts(shape)
     table = [{"term": k, "GiB": round(v, 2)} for k, v in est.items() if k not in ("training", "generation")]
@@ -290,7 +294,7 @@ def checks(ctx: Context, gpu: str | None) -> tuple[list[Check], dict[str, list[d
     if gpu is None:
         from rlkit.backends import cuda_available
 
-        if not cuda_available():
+        if not cuda_available():  # the doctor plans for this machine's RAM instead (cpu_plan)
             return [Check(F, "plan", "skip", f"{what}: needs ~{est['total']:.1f} GiB; no --gpu given and no CUDA "
                           "device here", "--gpu h100-80gb (or a size in GB)", data={"estimate": est})], \
                 {"memory plan": table}
@@ -309,12 +313,19 @@ def checks(ctx: Context, gpu: str | None) -> tuple[list[Check], dict[str, list[d
         {"memory plan": table}
 
 
+def unknown_model(ctx: Context) -> Check:
+    return Check(F, "plan", "warn", f"unknown model {ctx.recipe.model.name_or_path!r}: not cached here and not in "
+                 "rlkit's table of known configs", "run the doctor where the model is cached")
+
+
 def published_check(shape_name: str, **plan: Any) -> float:
     """The plan's total (GiB) for a known model; tests compare it with published figures."""
     return Plan(shape=dict(KNOWN[shape_name]), **plan).estimate()["total"]
 
 def mean_prompt_tokens(ctx: Context) -> int | None:
-    """Mean prompt length in tokens over the scored rows (the chat template applied), or None."""
+    """Mean prompt length in tokens over the scored rows (the chat template applied, with the environment's
+    tools as TRL renders them: trl/trainer/grpo_trainer.py:1792), or None."""
+    from rlkit.envs import recipe_tool_schemas
     from rlkit.errors import UserError
 
     rows = ctx.scored_rows
@@ -326,7 +337,8 @@ def mean_prompt_tokens(ctx: Context) -> int | None:
         chars = [sum(len(str(m.get("content") or "")) for m in p) if isinstance(p, list) else len(p)
                  for p in rows["prompt"]]
         return round(sum(chars) / len(chars) / 4)
-    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+    tools = recipe_tool_schemas(ctx.recipe) if ctx.recipe.env is not None else None
+    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True, tools=tools,
                                      **ctx.recipe.model.chat_template_kwargs) if isinstance(p, list) else p
              for p in rows["prompt"]]
     ids = tok(texts, add_special_tokens=False)["input_ids"]
