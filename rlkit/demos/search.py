@@ -28,13 +28,13 @@ from rlkit.recipe import recipes_dir
 
 SFT, GRPO, BYOD = "smol_search_sft.yaml", "smol_search_grpo.yaml", "hotpotqa_byod_grpo.yaml"
 HOTPOTQA = Path("../shared/data/hotpotqa_closed")
-TEACHER_QUESTIONS = 64
+TEACHER_QUESTIONS = 128
 SETS = [("held-out questions, training wording", "heldout", []),
         ("new wording (question shapes never trained on)", "newwording",
          ["data.eval.generator.wording=other", "data.eval.seed=777"])]
 # The smol model on HotpotQA through the BYOD recipe: its model, tool budget and generation length.
 _SMOL_ON_BYOD = ["model.name_or_path=rlkit/smollm2-135m-instruct", "model.backend=hf", "model.load_in_4bit=false",
-                 "model.dtype=bfloat16", "model.max_seq_length=1536", "env.max_turns=3", "retrieval.top_k=2",
+                 "model.dtype=bfloat16", "model.max_seq_length=1536", "env.max_turns=3", "retrieval.top_k=1",
                  "eval.max_new_tokens=64", "eval.batch_size=16"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
