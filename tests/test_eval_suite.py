@@ -88,6 +88,7 @@ def test_a_bad_suite_is_one_line_and_exit_2(tmp_path):
         load_suite(bad)
     for argv, message in ((["--suite", str(tmp_path / "none.yaml")], "no such file"),
                           (["--suite", "arith", "--smoke"], "drop --smoke"),
+                          (["--suite", "arith", "--samples", "4"], "drop --suite, or drop --samples"),
                           (["--no-base"], "add --suite")):
         result = CliRunner().invoke(app, ["eval", "rlkit/tiny-qwen3", *argv])
         assert isinstance(result.exception, UserError) and message in str(result.exception)

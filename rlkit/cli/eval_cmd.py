@@ -46,10 +46,10 @@ def eval_(
 
         if smoke or resume:
             raise UserError("--suite evaluates whole sets: drop --smoke/--resume (use --limit N for a quick look)")
+        if samples is not None:
+            raise UserError("--samples works on one eval split; drop --suite, or drop --samples")
         eval_suite(target, suite, model=model, base=base, no_base=no_base, limit=limit, out=out, overrides=set_ or [])
         return
-    if samples is not None and suite is not None:
-        raise UserError("--samples works on one eval split; drop --suite, or drop --samples")
     if base is not None or no_base:
         raise UserError("--base/--no-base compare models on a --suite or --ifeval; add --suite NAME|FILE")
     from rlkit.evaluate import evaluate
