@@ -73,7 +73,26 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
         # The score is read at the last non-pad token, which needs the pad id in the config.
         model.config.pad_token_id = tokenizer.pad_token_id
         keep_score_in_float32(model)
+    elif not cuda:
+        contiguous_head_input(model)
     return model, tokenizer
+
+
+def contiguous_head_input(model: Any) -> None:
+    """The LM head reads a contiguous copy of its input on the CPU.
+
+    transformers computes logits for the last positions only (``hidden_states[:, -k:, :]``, a strided view);
+    torch's CPU matmul of a strided 3-D input by a frozen bf16 head copied the whole head (49,152 x 576, 57 MB
+    for SmolLM2) once per sequence: 0.9 GB of a 16-sequence GRPO loss forward, and again in generation's first
+    pass. Copying the slice instead costs its own size (bench/loss_memory.py; docs/performance.md).
+    """
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous)
+
+
+def _contiguous(module: Any, args: tuple) -> tuple:
+    return tuple(a.contiguous() if hasattr(a, "contiguous") else a for a in args)
 
 
 def device_map(*, cuda: bool, four_bit: bool, training: bool, local_rank: int = 0,
