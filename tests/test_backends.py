@@ -5,6 +5,7 @@ machine; the GPU test loads through Unsloth on a GPU (conftest skips `gpu` tests
 "needs a CUDA GPU").
 """
 
+import os
 import subprocess
 import sys
 
@@ -102,3 +103,46 @@ def test_unsloth_gpu_backend_loads_on_gpu(tiny_model_dir):
     assert not any(p.requires_grad for n, p in model.named_parameters() if n not in lora)  # only the LoRA trains
     ids = tokenizer("12 + 7 =", return_tensors="pt").to("cuda")
     assert torch.isfinite(model(**ids).logits.float()).all()
+
+
+HEAD_PEAK = """
+import resource, sys, torch
+from torch import nn
+
+class Model(nn.Module):  # SmolLM2-135M's head: 49,152 x 576 in bf16, frozen (57 MB)
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(576, 49152, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+
+    def get_output_embeddings(self):
+        return self.head
+
+torch.manual_seed(0)
+model = Model()
+if sys.argv[1] == "contiguous":
+    from rlkit.backends.hf import contiguous_head_input
+    contiguous_head_input(model)
+hidden = torch.randn(16, 150, 576, dtype=torch.bfloat16, requires_grad=True)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+logits = model.head(hidden[:, -20:, :])  # what transformers does for logits_to_keep=20
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(grown // 1024, logits.float().sum().item())
+"""
+
+
+def test_the_cpu_lm_head_reads_a_contiguous_input_instead_of_copying_itself_per_sequence(tiny_model_dir):
+    """Measured: the strided last-20 slice of 16 sequences grew the peak RSS by 902 MB (the 57 MB head copied
+    once per sequence); with the pre-hook by 38 MB, and the logits are the same."""
+    from rlkit.backends.hf import load
+    from rlkit.recipe import ModelSpec
+
+    def run(mode: str) -> tuple[int, float]:
+        out = subprocess.run([sys.executable, "-c", HEAD_PEAK, mode], capture_output=True, text=True, check=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        grown_mb, total = out.stdout.split()
+        return int(grown_mb), float(total)
+
+    (strided_mb, strided_sum), (contiguous_mb, contiguous_sum) = run("strided"), run("contiguous")
+    assert strided_mb > 500 and contiguous_mb < 150 and strided_sum == contiguous_sum
+    model, _ = load(ModelSpec(name_or_path=str(tiny_model_dir), backend="hf"))
+    assert len(model.get_output_embeddings()._forward_pre_hooks) == 1  # rlkit's CPU load installs it
