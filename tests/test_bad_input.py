@@ -22,7 +22,8 @@ GRPO = recipes_dir() / "tiny_arith_grpo.yaml"
 AGENT = recipes_dir() / "gsm8k_calculator_grpo.yaml"
 
 
-def run_cli(capsys, *args):
+def run_main(capsys, *args):
+    """``rlkit ARGS`` in this process: its exit code and everything it printed (capsys's out and err)."""
     import logging
 
     import rlkit.cli
@@ -37,7 +38,13 @@ def run_cli(capsys, *args):
         code = e.code
     finally:
         sys.argv = argv
-    return code, capsys.readouterr().err
+    return code, capsys.readouterr()
+
+
+def run_cli(capsys, *args):
+    """``rlkit ARGS`` in this process: its exit code and its stderr."""
+    code, captured = run_main(capsys, *args)
+    return code, captured.err
 
 
 def _files(tmp_path):

@@ -16,6 +16,7 @@ from rlkit.evaluate.ifeval import compare, metrics
 from rlkit.evaluate.ifeval_checks import checkers, load_prompts, score
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.stats import wilson
+from tests.test_bad_input import run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT.parent / "shared" / "data" / "ifeval" / "input_data.jsonl"
@@ -193,23 +194,6 @@ def test_report_flags_the_regression(tmp_path, sft_run):
         assert "| base: `base` | 0.600 [0.313, 0.832] |" in report  # Wilson(6, 10)
 
 
-def run_cli(capsys, *args):
-    import logging
-
-    import rlkit.cli
-
-    logging.getLogger().handlers.clear()
-    argv, sys.argv = sys.argv, ["rlkit", *map(str, args)]
-    try:
-        rlkit.cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = argv
-    return code, capsys.readouterr()
-
-
 def _prompts_file(tmp_path):
     path = tmp_path / "input_data.jsonl"
     rows = [row(1, "Say hello without commas."), row(2, "Write one sentence.", ["length_constraints:number_sentences"],
@@ -223,7 +207,7 @@ def test_cli_evaluates_base_and_trained_run(tmp_path, capsys, sft_run):
     """`rlkit eval RUN --ifeval FILE` on the tiny model: base and adapter on the same prompts, each reply scored by
     the checkers, the four numbers from those verdicts, the comparison against the run's tolerance."""
     prompts, out = _prompts_file(tmp_path), tmp_path / "out"
-    code, captured = run_cli(capsys, "eval", sft_run, "--ifeval", prompts, "--limit", "2", "--out", out,
+    code, captured = run_main(capsys, "eval", sft_run, "--ifeval", prompts, "--limit", "2", "--out", out,
                              "--set", "eval.ifeval.max_new_tokens=8", "--set", "eval.ifeval.tolerance=0.25")
     assert code == 0, captured.err
     summary = json.loads((out / "ifeval.json").read_text())
@@ -244,7 +228,7 @@ def test_cli_evaluates_base_and_trained_run(tmp_path, capsys, sft_run):
 
 def test_cli_smoke_recipe_alone(tmp_path, capsys):
     prompts, out = _prompts_file(tmp_path), tmp_path / "out"
-    code, captured = run_cli(capsys, "eval", recipes_dir() / "gsm8k_sft.yaml", "--ifeval", prompts, "--smoke",
+    code, captured = run_main(capsys, "eval", recipes_dir() / "gsm8k_sft.yaml", "--ifeval", prompts, "--smoke",
                              "--out", out)
     assert code == 0, captured.err
     summary = json.loads((out / "ifeval.json").read_text())
@@ -256,12 +240,12 @@ def test_cli_model_alone_and_beside_a_base(tmp_path, capsys, tiny_model_dir):
     """A model as TARGET (a Hub id, a merged directory, a pseudo id) is evaluated with default settings; --base puts
     another beside it."""
     prompts = _prompts_file(tmp_path)
-    code, captured = run_cli(capsys, "eval", "rlkit/tiny-qwen3", "--ifeval", prompts, "--limit", "2", "--out",
+    code, captured = run_main(capsys, "eval", "rlkit/tiny-qwen3", "--ifeval", prompts, "--limit", "2", "--out",
                              tmp_path / "alone", "--set", "eval.ifeval.max_new_tokens=4")
     assert code == 0, captured.err
     alone = json.loads((tmp_path / "alone" / "ifeval.json").read_text())
     assert [(r["role"], r["model"], r["n"]) for r in alone["rows"]] == [("model", "rlkit/tiny-qwen3", 2)]
-    code, captured = run_cli(capsys, "eval", tiny_model_dir, "--ifeval", prompts, "--base", "rlkit/tiny-qwen3",
+    code, captured = run_main(capsys, "eval", tiny_model_dir, "--ifeval", prompts, "--base", "rlkit/tiny-qwen3",
                              "--limit", "2", "--out", tmp_path / "pair", "--set", "eval.ifeval.max_new_tokens=4")
     assert code == 0, captured.err
     pair = json.loads((tmp_path / "pair" / "ifeval.json").read_text())
@@ -285,7 +269,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, lines, args, message):
     path = tmp_path / "input_data.jsonl"
     if lines is not None:
         path.write_text("\n".join(lines) + "\n")
-    code, captured = run_cli(capsys, "eval", recipes_dir() / "gsm8k_sft.yaml", "--ifeval", path, "--smoke", *args)
+    code, captured = run_main(capsys, "eval", recipes_dir() / "gsm8k_sft.yaml", "--ifeval", path, "--smoke", *args)
     assert code == 2 and message in captured.err, captured.err
     assert captured.err.count("\n") == 1 and captured.err.startswith("rlkit: error: ")
 
