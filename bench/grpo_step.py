@@ -30,11 +30,11 @@ CASES = {
     "calc": ("smol_calc_grpo.yaml", ["trainer.max_steps=3"], 3.0, "smol_calc_grpo as shipped: 8 x ~600 tokens"),
     "calc16": ("smol_calc_grpo.yaml", ["trainer.max_steps=2", "trainer.per_device_train_batch_size=16"], 4.0,
                "smol_calc_grpo at 16 sequences of ~600 tokens"),
-    # The base model answers without searching, so its completions are forced to max_completion_length (768):
-    # 8 x (~420 prompt + 768) tokens, the shape of the oracle teacher's two-search episodes (mean 1,196 tokens:
-    # a ~410-token prompt, ~780 of searches, results and answer, which GRPO cuts at 768).
-    "search": ("smol_search_grpo.yaml", ["trainer.max_steps=2", "trainer.generation_kwargs={min_new_tokens: 768}"],
-               4.0, "smol_search_grpo, 8 x ~1,190 tokens (completions forced to 768)"),
+    # The base model answers without searching, so its completions are forced to max_completion_length (512):
+    # 8 x (~410 prompt + 512) tokens, the budget of the oracle teacher's two-search episodes with one passage per
+    # search (~460 tokens of searches, results and answer after a ~410-token prompt).
+    "search": ("smol_search_grpo.yaml", ["trainer.max_steps=2", "trainer.generation_kwargs={min_new_tokens: 512}"],
+               4.0, "smol_search_grpo, 8 x ~920 tokens (completions forced to 512)"),
     "long8": ("smol_arith_grpo.yaml", ["trainer.max_steps=2", "trainer.per_device_train_batch_size=8",
                                        "model.max_seq_length=1100", "trainer.max_completion_length=854",
                                        "trainer.generation_kwargs={min_new_tokens: 854}"], 4.0,

@@ -8,17 +8,18 @@ from rlkit.recipe import recipes_dir
 
 # Peak RSS of `rlkit train` per step (GB), measured by bench/grpo_step.py at rlkit's default heap threshold (4 MiB)
 # on a loaded 2-core machine (bench/results/grpo_step.md): `OMP_NUM_THREADS=1 .venv/bin/python bench/grpo_step.py
-# --one NAME`, NAME the case's id, at git 5ebeb89 (arith, calc) and 11efc92 (search, calc16).
+# --one NAME`, NAME the case's id, at git 3ab347c (the LM head reads a contiguous input; before it, each peak
+# held one copy of the head per sequence: arith 2.81, calc 2.10, calc16 2.90 GB).
 MEASURED = [  # (case, recipe, overrides, per-step peaks)
     # 16 x (132-139 prompt + 8-20 completion) tokens
-    ("arith", "smol_arith_grpo", [], [2.639, 2.767, 2.813]),
-    # base model, no SFT adapter: 8 x (528-534 + 15-96) tokens, two model turns around a calculator call
-    ("calc", "smol_calc_grpo", [], [1.899, 1.956, 2.098]),
-    # base model, completions forced to 768 tokens (`trainer.generation_kwargs={min_new_tokens: 768}`: it does not
-    # search on its own): 8 x (393-420 + 768) tokens, the oracle teacher's two-search episodes' length
-    ("search", "smol_search_grpo", [], [3.501, 3.555]),
-    # the calculator at 16 sequences: 16 x (528-534 + 2-96) tokens
-    ("calc16", "smol_calc_grpo", ["trainer.per_device_train_batch_size=16"], [2.711, 2.899]),
+    ("arith", "smol_arith_grpo", [], [1.707, 1.890, 1.993]),
+    # base model, no SFT adapter: 8 x (~530 + 15-96) tokens, two model turns around a calculator call
+    ("calc", "smol_calc_grpo", [], [1.948, 2.061, 2.041]),
+    # base model, completions forced to the 512-token budget (`trainer.generation_kwargs={min_new_tokens: 512}`:
+    # it does not search on its own): 8 x (~410 + 512) tokens, a two-search episode's budget
+    ("search", "smol_search_grpo", [], [2.715, 2.746]),
+    # the calculator at 16 sequences: 16 x (~530 + 2-96) tokens
+    ("calc16", "smol_calc_grpo", ["trainer.per_device_train_batch_size=16"], [2.560, 2.559]),
 ]
 TOLERANCE = 0.25
 
@@ -47,11 +48,10 @@ def test_cpu_plan_of_each_cpu_recipe_is_within_25_percent_of_its_measured_peak(s
     assert abs(estimate / max(peaks) - 1) <= TOLERANCE
 
 
-# smol_arith_grpo with and without gradient checkpointing, peak RSS (GB). At the default 4 MiB heap threshold:
-# MEASURED's arith (5ebeb89) and `bench/grpo_step.py --one arith trainer.max_steps=2
-# trainer.gradient_checkpointing=false` at 71ce707 (6.18, 6.40 per step). At 128 KiB (bench/results/grpo_step.md,
-# 2 steps each): 2.08 at 1a281cd (MALLOC_MMAP_THRESHOLD_=131072 MALLOC_TRIM_THRESHOLD_=131072), 5.48 at a1e986f.
-CHECKPOINTING = {"4096": {True: 2.81, False: 6.40}, "128": {True: 2.08, False: 5.48}}
+# smol_arith_grpo with and without gradient checkpointing, peak RSS (GB), at git 3ab347c: MEASURED's arith and
+# `bench/grpo_step.py --one arith trainer.max_steps=2 trainer.gradient_checkpointing=false` (4.61, 5.33 per step);
+# at 128 KiB (RLKIT_MMAP_THRESHOLD_KB=128, 2 steps each) 1.27, 1.32 with checkpointing and 4.60, 4.70 without.
+CHECKPOINTING = {"4096": {True: 1.99, False: 5.33}, "128": {True: 1.32, False: 4.70}}
 
 
 @pytest.mark.parametrize("threshold_kb", list(CHECKPOINTING))
@@ -68,18 +68,18 @@ def test_checkpointing_off_raises_the_plan_by_the_measured_amount(smollm2_dir, o
 
 
 # The loss forward/backward alone (GRPOTrainer.compute_loss and the backward on random ids, smol_arith_grpo's
-# model: SmolLM2 bf16, eager attention, LoRA r=16 on all linears), high-water RSS above the RSS before it in MB,
-# heap pinned at 128 KiB so RSS follows live tensors: `OMP_NUM_THREADS=1 .venv/bin/python bench/loss_memory.py
-# smol_arith_grpo SHAPES [--no-checkpointing]` (the script of d82f4c3 on the 5ebeb89 tree). The first shape of each process pays ~35 MB of
-# one-time allocations (marked *).
+# model: SmolLM2 bf16, eager attention, LoRA r=16 on all linears, the LM head reading a contiguous input), high-water
+# RSS above the RSS before it in MB, heap pinned at 128 KiB so RSS follows live tensors: `OMP_NUM_THREADS=1
+# .venv/bin/python bench/loss_memory.py smol_arith_grpo SHAPES [--no-checkpointing]`, three processes (the
+# shapes in the order below). The first shape of each process pays ~35 MB of one-time allocations (marked *).
 LOSS = [  # (batch, prompt, completion, checkpointing, MB)
-    (2, 256, 16, True, 171),  # *
-    (2, 512, 16, True, 162), (2, 1024, 16, True, 346), (2, 256, 256, True, 232), (2, 256, 768, True, 576),
-    (4, 64, 16, True, 284),  # *
-    (4, 128, 16, True, 262), (8, 128, 16, True, 520), (4, 128, 64, True, 288),
-    (16, 137, 20, True, 1037),  # smol_arith_grpo's shape, second of two in its process (the first: 1067)
-    (2, 128, 16, False, 560),  # *
-    (2, 256, 16, False, 981), (4, 256, 16, False, 1956), (2, 512, 16, False, 2227),
+    (2, 256, 16, True, 92),  # *
+    (2, 512, 16, True, 139), (2, 1024, 16, True, 347), (2, 256, 256, True, 233), (2, 256, 768, True, 576),
+    (4, 64, 16, True, 71),  # *
+    (4, 128, 16, True, 69), (8, 128, 16, True, 130), (4, 128, 64, True, 151),
+    (16, 137, 20, True, 253),  # smol_arith_grpo's shape, second of two in its process (the first: 260)
+    (2, 128, 16, False, 434),  # *
+    (2, 256, 16, False, 883), (4, 256, 16, False, 1759), (2, 512, 16, False, 2130),
 ]
 
 

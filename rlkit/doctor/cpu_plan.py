@@ -7,20 +7,19 @@ larger of the two phases (bench/results/grpo_step.md profiles them). Terms, in b
 - weights in the recipe's dtype (``auto`` trains in float32 on CPU: rlkit/backends/hf.py); LoRA in float32
   with its gradient and AdamW's two moments
 - generation: the KV cache of the sequences generated at once, and the prefill: eager attention's L x L
-  scores (one layer at a time) and the LM head copied once per sequence (below). With tools, the last turn
-  prefills the episode so far (prompt + completion budget).
+  scores (one layer at a time). With tools, the last turn prefills the episode so far (prompt + completion
+  budget).
 - loss forward/backward: with gradient checkpointing each layer's input (L x hidden) is kept and one layer
   at a time is recomputed in the backward; without it every layer keeps its activations (``layer_bytes``) and
   eager attention's probabilities (float32 softmax and its copy in the model's dtype). Logits: TRL keeps only
   the completion's (``logits_to_keep``, trl/trainer/grpo_trainer.py:1522 and :1536), in the model's dtype
   (transformers/models/llama/modeling_llama.py:480): the LM head's output, its copy divided by the
   temperature, and the per-row log-softmax kept for the backward (selective_log_softmax, trl/trainer/utils.py:516).
-- the LM head copy: the model slices the hidden states to the logits it keeps (``hidden_states[:, -k:, :]``,
-  modeling_llama.py:480); torch's matmul folds a 3-D input into one matrix only when that needs no copy or the
-  weight requires grad (``should_fold`` in aten/src/ATen/native/LinearAlgebra.cpp), so with a frozen LM head
-  (LoRA) it runs a batched matmul that, on CPU, materialises the weight once per sequence: vocab x hidden per
-  sequence, 57 MB for SmolLM2 in bf16 (measured: a [4, 17, 576] slice of [4, 144, 576] through SmolLM2's head
-  peaks at 248 MB, its contiguous copy at 7.5 MB). The same happens at generation's prefill (``logits_to_keep=1``).
+- no LM head copy: the model slices the hidden states to the logits it keeps (``hidden_states[:, -k:, :]``,
+  modeling_llama.py:480), and torch's CPU matmul of that strided slice by a frozen head (``should_fold`` in
+  aten/src/ATen/native/LinearAlgebra.cpp) materialised the head once per sequence (57 MB for SmolLM2 in bf16,
+  0.9 GB for 16 sequences). rlkit's CPU loads make the head's input contiguous first
+  (rlkit/backends/hf.py ``contiguous_head_input``), which costs the slice's own size.
 - heap: rlkit pins glibc's mmap threshold (rlkit/trainers/cpu_memory.py, 4 MiB by default). Tensors below it
   come from glibc's heap, whose freed pages stay in the process while a live block sits above them.
 
@@ -47,10 +46,10 @@ ATTN_FORWARD = 7.0
 ATTN_BACKWARD = 10.0
 ENTROPY_ROWS = 128  # TRL's entropy_from_logits: log-softmax, exp and product of 128 rows at a time
 LOGIT_GRADS = 1.6  # logit-sized gradients alive in the backward, besides the kept log-softmax (2x256+768)
-# Fitted to smol_arith_grpo at the default 4 MiB threshold: its peak (2.81 GB, 5ebeb89) less the other terms
-# (2.12) is 0.69 GB, 2.35 x its heap-sized activations (``heap``). Not fitted to the other cases, it predicts
-# +0.16 GB for smol_calc_grpo (measured +0.22 over the other terms) and +0.30 for smol_search_grpo (+0.28 at the
-# start of its second step); at 128 KiB it is 0, as the 128 KiB peaks of bench/results/grpo_step.md say.
+# Fitted to smol_arith_grpo at the default 4 MiB threshold (5ebeb89, 2.81 GB then): its peak less the other terms
+# was 0.69 GB, 2.35 x its heap-sized activations (``heap``). Unchanged since the LM head stopped copying itself
+# (3ab347c), it plans that recipe's new 1.99 GB peak at 2.00, and smol_calc_grpo at -8%, smol_search_grpo at +3%
+# (tests/test_doctor_cpu_plan.py). At 128 KiB it is 0, as the 128 KiB peaks of bench/results/grpo_step.md say.
 HEAP_KEPT = 2.35
 
 
@@ -112,13 +111,12 @@ class CpuPlan:
         else:
             per_layer = sum(self.lora_r * (a + b) for n, (a, b) in linear_shapes(s).items() if n in self._targets())
             trainable = per_layer * layers * (4 + 4 + 8)  # float32 weight, gradient, AdamW's two moments
-        head_copy = vocab * h * d if self.lora_r is not None else 0  # per sequence; a trained head folds
 
         # Generation: the last turn's prefill (with tools it re-reads the episode so far) and the KV cache.
         g, prefill_len = self.generation_batch, self.prompt_tokens + (self.completion_tokens if self.tools else 0)
         kv = g * (prefill_len + self.completion_tokens) * 2 * layers * s["num_key_value_heads"] * s["head_dim"] * d
         scores = g * heads * prefill_len ** 2 * ATTN_FORWARD if self.eager else 0.0
-        generation = kv + g * head_copy + scores
+        generation = kv + scores
 
         # Loss forward and backward of one micro-batch.
         b, length = self.micro_batch, self.prompt_tokens + self.completion_tokens
@@ -126,7 +124,7 @@ class CpuPlan:
         logits = b * (self.completion_tokens + 1) * vocab * d
         entropy = min(ENTROPY_ROWS, b * self.completion_tokens) * vocab * 3 * d
         scores_per_layer = b * heads * length ** 2 if self.eager else 0
-        head_and_logits = max(b * head_copy + logits, 3 * logits + entropy)
+        head_and_logits = 3 * logits + entropy
         if self.gradient_checkpointing:
             kept = layers * tokens * h * d
             layer = tokens * per_token
@@ -141,7 +139,7 @@ class CpuPlan:
         out = {"process (Python, torch, libraries, data)": PROCESS, "weights": counts["total"] * d,
                "LoRA + AdamW" if self.lora_r else "trainable + AdamW": trainable,
                "generation": generation, "loss forward/backward": loss}
-        out["heap kept by glibc"] = min(self.heap(tokens), max(generation, loss))  # never more than a phase frees
+        out["heap kept by glibc"] = self.heap(tokens)
         out = {k: v / GB for k, v in out.items()}
         out["total"] = (sum(v for k, v in out.items() if k not in ("generation", "loss forward/backward"))
                         + max(out["generation"], out["loss forward/backward"]))
@@ -166,9 +164,11 @@ class CpuPlan:
 
         Why it exists: freed heap chunks return to the OS only from the top of the heap, and checkpointing keeps
         each layer's input (a heap-sized tensor for a small batch) above the chunks that layer freed. Measured
-        directly (bench/loss_memory.py, smol_arith_grpo's 16 x 137+20 tokens, 2-3 calls each): the loss forward
-        alone peaks 1.04-1.07 GB above its starting RSS at 128 KiB and 1.43-1.49 GB at 4 MiB, and leaves 0-0.07
-        GB against 0.48-0.60 GB in the process after the backward.
+        directly (bench/loss_memory.py, smol_arith_grpo's 16 x 137+20 tokens, 2-3 calls each, at 5ebeb89 when
+        the LM head still copied itself per sequence): the loss forward alone peaked 1.04-1.07 GB above its
+        starting RSS at 128 KiB and 1.43-1.49 GB at 4 MiB, and left 0-0.07 GB against 0.48-0.60 GB in the
+        process after the backward. The whole step shows the same (bench/grpo_step.py at 3ab347c): the RSS at
+        the start of steps 1-3 is 0.98, 1.58, 1.75 GB at 4 MiB.
         """
         small = sum(size * n for size, n in self.tensor_sizes() if size * tokens < self.heap_threshold)
         return HEAP_KEPT * small * tokens * self.shape["num_hidden_layers"]
