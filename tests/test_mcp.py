@@ -182,6 +182,9 @@ def test_env_mcp_recipe_errors_are_one_line(tmp_path):
 
 _EPISODE_THEN = """
 import json, os, signal, sys, time
+# Ctrl-C as in a terminal even when the suite was started in the background, where the shell ignores SIGINT and
+# every child inherits that (Python then leaves it ignored: the sleep below would run its 60 s).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from rlkit.data import env_factory
 from rlkit.envs import call_tool
 from rlkit.recipe import load_recipe
