@@ -1,5 +1,6 @@
 """Tracking (W&B offline fallback, TensorBoard, the recipe as the run's config) and secrets kept out of everything."""
 
+import json
 import logging
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from rlkit import secrets, tracking
+from rlkit.agents.endpoint import transport_failures
 from rlkit.errors import UserError
 from rlkit.recipe import load_recipe, recipes_dir
 from tests.scripted_server import ScriptedServer
@@ -74,12 +76,16 @@ def test_wandb_goes_offline_tensorboard_logs_and_no_secret_is_written_anywhere(t
     assert res2.returncode == 2 and len(errors) == 1 and "Traceback" not in res2.stderr
     assert "bad request from ***" in errors[0]  # a fatal endpoint error, its message masked
     # The other episode may have finished first: it is kept, and the next run continues the file.
+    first = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     with ScriptedServer(lambda request: {"status": 500, "message": f"overloaded for {FLAG_KEY}"}) as server:
         res2 = subprocess.run([RLKIT, "rollout", recipes_dir() / "gsm8k_calculator_grpo.yaml", "--smoke", "--endpoint",
                                server.url, "--api-key", FLAG_KEY, "--limit", "2", "--out", out, "--resume"],
                               capture_output=True, text=True, env=env, timeout=300)
-    # Every episode this run tried failed on the endpoint: recorded, kept, and the exit code says so.
-    assert res2.returncode == 1 and "episodes failed on endpoint errors" in res2.stderr, res2.stderr
+    # Every episode this run tried failed on the endpoint: recorded and kept. The exit code is 1 when most of the
+    # file's episodes failed so: both, unless the first run had kept the other episode's answer (a race).
+    most_failed = sum(transport_failures(first).values()) == len(first)
+    assert res2.returncode == (1 if most_failed else 0), res2.stderr
+    assert ("2 of 2 episodes failed on endpoint errors" in res2.stderr) == most_failed, res2.stderr
     assert len(out.read_text().splitlines()) == 2
     assert "overloaded for ***" in out.read_text()  # recorded per episode, masked
     assert server.headers[0]["authorization"] == f"Bearer {FLAG_KEY}"
