@@ -278,3 +278,36 @@ def test_recipe_section_is_strict():
     recipe = load_recipe(recipes_dir() / "gsm8k_sft.yaml", ["eval.ifeval={limit: 50, tolerance: 0.1}"])
     assert (recipe.eval.ifeval.limit, recipe.eval.ifeval.tolerance, recipe.eval.ifeval.max_new_tokens) == (50, 0.1, 1280)
     assert load_recipe(recipes_dir() / "gsm8k_sft.yaml", smoke=True).eval.ifeval.limit == 8
+
+
+def test_punkt_race_removes_only_its_own_staging_folder(tmp_path, monkeypatch):
+    """Another process renames its copy into place first: rlkit deletes the staging folder it made itself and
+    nothing else beside it; with no copy there after all, the error is raised, not swallowed."""
+    import nltk
+
+    from rlkit.evaluate import ifeval_checks
+
+    monkeypatch.setattr(nltk.data, "path", list(nltk.data.path))  # the fake copy must not stay on NLTK's path
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    parent = tmp_path / "cache" / "nltk_data" / "punkt-2.2.1" / "tokenizers" / "punkt_tab"
+    parent.mkdir(parents=True)
+    (parent / "users-notes.txt").write_text("keep")
+    seen = []
+
+    def other_process_first(src, dst):
+        seen.append(Path(src).name)
+        Path(dst).mkdir()
+        (Path(dst) / "theirs.txt").write_text("theirs")
+        raise OSError("Directory not empty")
+
+    monkeypatch.setattr(ifeval_checks.os, "rename", other_process_first)
+    assert ifeval_checks.punkt_data() == tmp_path / "cache" / "nltk_data" / "punkt-2.2.1"
+    assert seen[0].startswith(".english-")
+    assert sorted(p.name for p in parent.iterdir()) == ["english", "users-notes.txt"]
+    assert (parent / "english" / "theirs.txt").read_text() == "theirs"
+
+    shutil.rmtree(parent / "english")
+    monkeypatch.setattr(ifeval_checks.os, "rename", lambda src, dst: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        ifeval_checks.punkt_data()
+    assert sorted(p.name for p in parent.iterdir()) == ["users-notes.txt"]
