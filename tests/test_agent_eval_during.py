@@ -19,7 +19,7 @@ def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_
     trainer, _ = build_trainer(recipe, tmp_path, smoke=True)
     trainer.train()
     entries = [json.loads(line) for line in (tmp_path / "agent_eval.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in entries] == [2, 3]  # every 2 steps, and once at the end
+    assert [e["step"] for e in entries] == [0, 2, 3]  # the start, every 2 steps, and once at the end
     assert all(e["n"] == 3 and 0.0 <= e["f1"] <= 1.0 for e in entries)
     assert all(e["f1_interval"][0] <= e["f1"] <= e["f1_interval"][1] for e in entries)
     assert all(e["em_interval"] == pytest.approx(list(wilson(round(3 * e["em"]), 3)), abs=1e-4) for e in entries)
@@ -35,6 +35,33 @@ def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_
     report = (tmp_path / "report.md").read_text()
     assert f"Step **{best['step']}**, kept in `best/`: {best['why']}." in report and "agent_eval.png" in report
     assert any(p.name == "agent_eval.png" for p in summary["plots"])
+
+
+def test_when_no_step_beats_the_start_best_is_the_start_and_says_so(tmp_path, monkeypatch):
+    """At learning rate 0 every step scores what the start scored: the tie keeps step 0, and best.json says that
+    no update beat it; a resumed run's callback starts from the kept best, not from nothing."""
+    from rlkit.evaluate.during import agent_eval_callback
+    from rlkit.train import build_trainer
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    recipe = load_recipe(MULTIHOP, ["trainer.max_steps=2", "eval.agent_every=1", "eval.agent_limit=3",
+                                    "eval.max_new_tokens=8", "trainer.learning_rate=0"], smoke=True)
+    trainer, _ = build_trainer(recipe, tmp_path, smoke=True)
+    trainer.train()
+    entries = [json.loads(line) for line in (tmp_path / "agent_eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in entries] == [0, 1, 2] and len({e["f1"] for e in entries}) == 1
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["step"] == 0 and "(the model before any update)" in best["why"]
+    assert best["why"].endswith("no training step scored higher than the start (step 0, before any update), so "
+                                "`best/` holds the adapter training began from")
+    # Resuming: the callback reads the kept best, so a later step must beat step 0's F1 to replace it.
+    from transformers import TrainerControl, TrainerState
+
+    callback = agent_eval_callback(recipe, tmp_path, trainer.processing_class)
+    callback.on_step_end(trainer.args, TrainerState(global_step=3), TrainerControl(), model=trainer.model)
+    entries = [json.loads(line) for line in (tmp_path / "agent_eval.jsonl").read_text().splitlines()]
+    assert entries[-1]["step"] == 3 and entries[-1]["f1"] == best["f1"]  # scored, the same F1: a tie
+    assert json.loads((tmp_path / "best.json").read_text())["step"] == 0  # without the kept best, step 3 would be
 
 
 def _records(right: int) -> list[dict]:

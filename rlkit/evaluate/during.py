@@ -2,7 +2,9 @@
 on the first ``eval.agent_limit`` held-out questions (greedy, through the same episode engine as
 ``rlkit eval``), appends the scores to ``agent_eval.jsonl``, logs ``agent_eval/f1``, and keeps the best
 adapter in ``best/`` with ``best.json`` saying which step and why (the highest held-out F1; a tie keeps the
-earlier step). Small-model GRPO often peaks early and then collapses: ``best/`` is that peak. F1 and EM carry
+earlier step). The model training starts from is scored too, as step 0: when no update beats it, ``best/`` is
+that starting adapter and ``best.json`` says so. Small-model GRPO often peaks early and then collapses:
+``best/`` is that peak. F1 and EM carry
 their 95% intervals (bootstrap for F1, Wilson for EM, which is right or wrong) in both files: on a few questions,
 two steps' F1 often differ by less than an interval's width.
 """
@@ -28,6 +30,8 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
     every, make_env = recipe.eval.agent_every, env_factory(recipe)
     rows = episode_rows(recipe, "eval", recipe.eval.agent_limit)
     state_ = {"best": None, "last": -1}
+    if (run_dir / "best.json").is_file():  # a resumed run: later steps must beat what was kept before
+        state_["best"] = json.loads((run_dir / "best.json").read_text())
 
     def score(model: Any, step: int) -> None:
         import torch
@@ -52,11 +56,15 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
             f.write(json.dumps(entry) + "\n")
         best = state_["best"]
         if best is None or entry["f1"] > best["f1"]:
-            state_["best"] = entry
+            state_["best"] = {**entry, "why": why(entry, best)}
             model.save_pretrained(run_dir / "best")
-            (run_dir / "best.json").write_text(json.dumps({**entry, "why": why(entry, best)}, indent=2) + "\n")
+            (run_dir / "best.json").write_text(json.dumps(state_["best"], indent=2) + "\n")
 
     class AgentEval(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 0:
+                score(model, 0)
+
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % every == 0:
                 score(model, state.global_step)
@@ -65,6 +73,11 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
         def on_train_end(self, args, state, control, model=None, **kwargs):
             if state_["last"] != state.global_step:
                 score(model, state.global_step)
+            best = state_["best"]
+            if main and best is not None and best["step"] == 0 and state.global_step > 0:
+                note = ("; no training step scored higher than the start (step 0, before any update), so `best/` "
+                        "holds the adapter training began from")
+                (run_dir / "best.json").write_text(json.dumps({**best, "why": best["why"] + note}, indent=2) + "\n")
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs is not None and state_["last"] == state.global_step and main:
@@ -91,7 +104,8 @@ def scores(records: list[dict[str, Any]], step: int, seconds: float) -> dict[str
 def why(entry: dict[str, Any], best: dict[str, Any] | None) -> str:
     """best.json's reason: this step's F1 and EM with their intervals, and the F1 of the step it displaced."""
     return (f"the highest held-out F1 ({_show(entry, 'f1')}; EM {_show(entry, 'em')}; greedy, n={entry['n']}) "
-            "of the agent evals so far" + (f"; step {best['step']} had F1 {_show(best, 'f1')}" if best else ""))
+            "of the agent evals so far" + (" (the model before any update)" if entry["step"] == 0 else "")
+            + (f"; step {best['step']} had F1 {_show(best, 'f1')}" if best else ""))
 
 
 def _show(entry: dict[str, Any], key: str) -> str:
