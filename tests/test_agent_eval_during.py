@@ -26,7 +26,7 @@ def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_
     best = json.loads((tmp_path / "best.json").read_text())
     top = max(entries, key=lambda e: (e["f1"], -e["step"]))
     assert best["step"] == top["step"] and best["f1"] == top["f1"] and "highest held-out F1" in best["why"]
-    assert (tmp_path / "best" / "adapter_config.json").exists()
+    assert (tmp_path / "best" / "adapter_config.json").exists() and (tmp_path / "best" / "tokenizer_config.json").exists()
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "agent_eval/f1" in r][:1] == [2]
     from rlkit.report import write_report

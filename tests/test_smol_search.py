@@ -115,6 +115,9 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
     assert f"init_from: {demo / 'sft'}" in (demo / "grpo" / "recipe.resolved.yaml").read_text()
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.json")) == sorted(
         f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in slugs)
+    kept = json.loads((demo / "grpo" / "best.json").read_text())  # step 0 or 1: the agent eval's pick is evaluated
+    assert summary["grpo_kept"]["step"] == kept["step"] in (0, 1)
+    assert json.loads((demo / "grpo" / "eval" / "grpo-heldout.json").read_text())["model"].endswith("best")
     assert (demo / "f1_by_stage.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((demo / "demo.json").read_text())["rows"] == summary["rows"]
     asked = [json.loads(line)["messages"][1]["content"]

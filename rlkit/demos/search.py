@@ -7,7 +7,8 @@ The DeepSearch-RL pipeline at laptop scale, every stage through the code a GPU u
   questions, through the rollout engine and success filter an ``--endpoint`` teacher goes through; its
   successful episodes become SFT rows (``--sft-out``);
 - ``smol_search_sft`` on those rows, evaluated;
-- ``smol_search_grpo`` from the SFT adapter (F1 reward, agent eval every few steps, best step kept), evaluated.
+- ``smol_search_grpo`` from the SFT adapter (F1 reward, agent eval every few steps, best step kept), evaluated:
+  the kept step's adapter (``best/``), which is the SFT adapter itself when no GRPO step beat it.
 
 Each model is evaluated on the held-out synthetic questions, on a second wording family whose question
 shapes training never saw, and (when ``../shared/data/hotpotqa_closed`` is there) on HotpotQA's closed set
@@ -125,18 +126,32 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     console.rule(f"6/7  GRPO with the search tool, from the SFT adapter ({GRPO})")
     grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
     stages.run("GRPO training", lambda: train(grpo_recipe, grpo_set, output_dir=grpo_dir, overwrite=True))
+    grpo_model = kept_adapter(grpo_dir, stages, console)
     console.rule("7/7  evaluate after GRPO")
-    grpo = stages.run("GRPO eval", lambda: evaluate_all("grpo", str(grpo_dir)))
+    grpo = stages.run("GRPO eval", lambda: evaluate_all("grpo", grpo_model))
     (grpo_dir / "eval").mkdir(exist_ok=True)
     for path in (output_dir / "eval").glob("*.json"):
         shutil.copy(path, grpo_dir / "eval" / path.name)
-    ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(grpo_dir))],
+    ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", grpo_model)],
                  grpo_dir / "eval" / "ifeval", limit=limit)
     write_report(grpo_dir)
     rows = _rows(sets, base, sft, grpo)
     _print_tables(console, rows)
     _plot(rows, output_dir / "f1_by_stage.png")
     return stages.finish(rows, output_dir)
+
+
+def kept_adapter(grpo_dir: Path, stages: Any, console: Any) -> str:
+    """What "after GRPO" evaluates: the adapter the agent eval kept (``best/``, the highest held-out F1 of step 0,
+    every ``eval.agent_every`` steps and the end), else the run's last one. The kept step goes in demo.json."""
+    best = grpo_dir / "best.json"
+    if not best.is_file():
+        return str(grpo_dir)
+    kept = json.loads(best.read_text(encoding="utf-8"))
+    stages.extra["grpo_kept"] = {key: kept[key] for key in ("step", "n", "f1", "f1_interval", "why")}
+    console.print(f"GRPO: evaluating the adapter the agent eval kept, step {kept['step']} ({grpo_dir / 'best'}): "
+                  f"{kept['why']}")
+    return str(grpo_dir / "best")
 
 
 def _rows(sets: list[tuple[str, str, list[str]]], *stages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -58,6 +58,7 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
         if best is None or entry["f1"] > best["f1"]:
             state_["best"] = {**entry, "why": why(entry, best)}
             model.save_pretrained(run_dir / "best")
+            tokenizer.save_pretrained(run_dir / "best")  # `rlkit eval --model RUN/best` loads it from there
             (run_dir / "best.json").write_text(json.dumps(state_["best"], indent=2) + "\n")
 
     class AgentEval(TrainerCallback):
