@@ -10,15 +10,21 @@ from rlkit.stats import wilson
 MULTIHOP = recipes_dir() / "multihop_rag_grpo.yaml"
 
 
-def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_path, monkeypatch):
+def _train_with_agent_eval(tmp_path, monkeypatch, overrides: list[str]):
+    """The smoke multihop GRPO recipe with the agent eval on 3 questions, trained: the recipe, the trainer and
+    the agent_eval.jsonl rows."""
     from rlkit.train import build_trainer
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
-    recipe = load_recipe(MULTIHOP, ["trainer.max_steps=3", "eval.agent_every=2", "eval.agent_limit=3",
-                                    "eval.max_new_tokens=8", "trainer.logging_steps=1"], smoke=True)
+    recipe = load_recipe(MULTIHOP, [*overrides, "eval.agent_limit=3", "eval.max_new_tokens=8"], smoke=True)
     trainer, _ = build_trainer(recipe, tmp_path, smoke=True)
     trainer.train()
-    entries = [json.loads(line) for line in (tmp_path / "agent_eval.jsonl").read_text().splitlines()]
+    return recipe, trainer, [json.loads(line) for line in (tmp_path / "agent_eval.jsonl").read_text().splitlines()]
+
+
+def test_grpo_with_an_env_scores_the_agent_every_n_steps_and_keeps_the_best(tmp_path, monkeypatch):
+    _, _, entries = _train_with_agent_eval(tmp_path, monkeypatch, ["trainer.max_steps=3", "eval.agent_every=2",
+                                                                "trainer.logging_steps=1"])
     assert [e["step"] for e in entries] == [0, 2, 3]  # the start, every 2 steps, and once at the end
     assert all(e["n"] == 3 and 0.0 <= e["f1"] <= 1.0 for e in entries)
     assert all(e["f1_interval"][0] <= e["f1"] <= e["f1_interval"][1] for e in entries)
@@ -41,14 +47,9 @@ def test_when_no_step_beats_the_start_best_is_the_start_and_says_so(tmp_path, mo
     """At learning rate 0 every step scores what the start scored: the tie keeps step 0, and best.json says that
     no update beat it; a resumed run's callback starts from the kept best, not from nothing."""
     from rlkit.evaluate.during import agent_eval_callback
-    from rlkit.train import build_trainer
-
-    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
-    recipe = load_recipe(MULTIHOP, ["trainer.max_steps=2", "eval.agent_every=1", "eval.agent_limit=3",
-                                    "eval.max_new_tokens=8", "trainer.learning_rate=0"], smoke=True)
-    trainer, _ = build_trainer(recipe, tmp_path, smoke=True)
-    trainer.train()
-    entries = [json.loads(line) for line in (tmp_path / "agent_eval.jsonl").read_text().splitlines()]
+    recipe, trainer, entries = _train_with_agent_eval(tmp_path, monkeypatch, ["trainer.max_steps=2",
+                                                                              "eval.agent_every=1",
+                                                                              "trainer.learning_rate=0"])
     assert [e["step"] for e in entries] == [0, 1, 2] and len({e["f1"] for e in entries}) == 1
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["step"] == 0 and "(the model before any update)" in best["why"]
