@@ -65,6 +65,20 @@ def test_when_no_step_beats_the_start_best_is_the_start_and_says_so(tmp_path, mo
     assert json.loads((tmp_path / "best.json").read_text())["step"] == 0  # without the kept best, step 3 would be
 
 
+def test_best_holds_the_trained_adapter_alone_beside_a_kl_reference(tmp_path, monkeypatch, sft_run):
+    """From init_from with beta > 0, TRL trains "default" beside a frozen "ref" copy and PEFT saves every adapter:
+    best/ keeps the trained one alone (as the run's adapter/ does), and it is the one the model trained."""
+    from safetensors.torch import load_file
+
+    _, trainer, entries = _train_with_agent_eval(tmp_path, monkeypatch, [
+        f"init_from={sft_run}", "lora=null", "trainer.beta=0.04", "trainer.max_steps=1", "eval.agent_every=1",
+        "trainer.learning_rate=1e-2"])
+    assert [e["step"] for e in entries] == [0, 1] and "ref" in trainer.model.peft_config
+    assert not (tmp_path / "best" / "ref").exists()
+    kept = load_file(tmp_path / "best" / "adapter_model.safetensors")
+    assert kept and not any(".ref." in name for name in kept)
+
+
 def _records(right: int) -> list[dict]:
     """Ten scored episodes: the first ``right`` answered exactly (F1 1), the others half right (F1 0.5)."""
     return [{"metrics": {"f1": 1.0 if i < right else 0.5, "em": float(i < right)}, "tool_calls": [{}, {}]}

@@ -57,7 +57,11 @@ def agent_eval_callback(recipe: Recipe, run_dir: Path, tokenizer: Any, *, main: 
         best = state_["best"]
         if best is None or entry["f1"] > best["f1"]:
             state_["best"] = {**entry, "why": why(entry, best)}
-            model.save_pretrained(run_dir / "best")
+            # With a KL reference (beta > 0) from init_from, TRL adds a frozen "ref" copy of the starting adapter,
+            # and PEFT saves every adapter: best/ is the trained one alone, as the run's adapter/ is.
+            adapters = getattr(model, "peft_config", None) or {}
+            only = {"selected_adapters": [model.active_adapter]} if len(adapters) > 1 else {}
+            model.save_pretrained(run_dir / "best", **only)
             tokenizer.save_pretrained(run_dir / "best")  # `rlkit eval --model RUN/best` loads it from there
             (run_dir / "best.json").write_text(json.dumps(state_["best"], indent=2) + "\n")
 
