@@ -109,3 +109,32 @@ def test_the_small_heap_holds_only_while_training():
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
     inside, after = map(int, done.stdout.split()[-2:])
     assert inside < 30e6 and after > 300e6
+
+
+TRIM = textwrap.dedent("""
+    import torch
+    from rlkit.trainers.cpu_memory import small_heap, trim_each_step
+
+    def rss():
+        return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+
+    with small_heap() as took:
+        assert took
+        trim = trim_each_step()  # imports transformers: before the measurement
+        before = rss()
+        blocks = [torch.ones(2**19) for _ in range(200)]  # 200 x 2 MB, under the 4 MiB threshold: heap blocks
+        del blocks[:-1]  # freed, all but the newest, which holds the top of the heap in place
+        kept = rss() - before
+        trim.on_step_end(None, None, None)
+        print(kept, rss() - before)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_the_step_end_trim_returns_freed_heap_pages():
+    """Blocks under the mmap threshold come from the heap; freed below a live one, their pages stay resident
+    (the calculator's floor between steps rose that way) until the step-end trim gives them back."""
+    done = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True, check=True,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
+    kept, trimmed = map(int, done.stdout.split()[-2:])
+    assert kept > 300e6 and trimmed < 30e6

@@ -19,6 +19,11 @@ smol_arith_grpo with gradient checkpointing, 2 idle cores; bench/results/grpo_st
 
 ``RLKIT_MMAP_THRESHOLD_KB`` chooses another (``128`` for the smallest footprint, ``0`` leaves glibc alone).
 It changes no number computed, only where the memory comes from. A no-op off glibc (macOS, musl).
+
+Blocks under the threshold still come from the heap, and the heap pages they once used stay resident: the
+calculator's floor between steps rose 1.34 -> 1.60 GB over 12 steps, in steps of ~0.06 GB, as longer batches
+arrived. ``trim_each_step()`` is a TrainerCallback that calls ``malloc_trim(0)`` after every optimizer step,
+returning every free heap page (not only the top of the heap) to the OS.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import ctypes
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 M_TRIM_THRESHOLD = -1  # <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -73,6 +79,21 @@ def small_heap(active: bool = True) -> Iterator[bool]:
             libc.mallopt(M_MMAP_THRESHOLD, RELAXED_MMAP)
             libc.mallopt(M_TRIM_THRESHOLD, 2 * RELAXED_MMAP)
             libc.malloc_trim(0)
+
+
+def trim_each_step() -> Any:
+    """A TrainerCallback handing the heap's free pages back to the OS after every step (``malloc_trim(0)``,
+    a few milliseconds); None off glibc."""
+    libc = _libc()
+    if libc is None:
+        return None
+    from transformers import TrainerCallback
+
+    class TrimHeap(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            libc.malloc_trim(0)
+
+    return TrimHeap()
 
 
 def _from_env() -> int:
