@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,27 @@ def test_the_step_end_trim_returns_freed_heap_pages():
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
     kept, trimmed = map(int, done.stdout.split()[-2:])
     assert kept > 300e6 and trimmed < 30e6
+
+
+def test_rss_trace_reports_each_steps_peak_and_floor(tmp_path):
+    """bench/rss_trace.py on a real child: a Python process that logs three "steps" to metrics.jsonl, holding 200 MB
+    more in step 2 than in steps 1 and 3; the trace sees step 2's peak above the others' and the last step back."""
+    script = textwrap.dedent(f"""
+        import json, time
+        path = {str(tmp_path / "run" / "metrics.jsonl")!r}
+        held = None
+        for step in (1, 2, 3):
+            held = bytearray(200 * 2**20) if step == 2 else None
+            time.sleep(1.0)
+            with open(path, "a") as f:
+                f.write(json.dumps({{"step": step, "loss": 0.1}}) + "\\n")
+    """)
+    (tmp_path / "run").mkdir()
+    bench = Path(__file__).resolve().parents[1] / "bench" / "rss_trace.py"
+    done = subprocess.run([sys.executable, str(bench), "--run", str(tmp_path / "run"), "--every", "0.1", "--out",
+                           str(tmp_path / "trace.json"), "--", sys.executable, "-c", script],
+                          capture_output=True, text=True, check=True)
+    steps = json.loads((tmp_path / "trace.json").read_text())["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3] and all(s["samples"] >= 3 for s in steps)
+    assert steps[1]["peak_gb"] - steps[0]["peak_gb"] > 0.15 and steps[1]["peak_gb"] - steps[2]["peak_gb"] > 0.15
+    assert "last step's peak" in done.stdout and "step   2: peak" in done.stdout

@@ -1,0 +1,91 @@
+"""Resident memory across a whole `rlkit train` run, step by step: does the process grow as it trains?
+
+Runs the command given after `--` and samples its RSS (`/proc/PID/status`, VmRSS) every `--every` seconds,
+reading the run's `metrics.jsonl` at each sample to know which step is under way. Per step it prints the highest
+sample (the peak; a sampler can miss a short spike, so `/usr/bin/time -v`'s maximum is worth taking too) and the
+lowest (what stays between steps), then the last step's peak against step 3's: issue 31's bound is 5%.
+
+    .venv/bin/python bench/rss_trace.py --run runs/calc12 --out bench/results/rss_calc12.json -- \
+        .venv/bin/rlkit train recipes/smol_calc_grpo.yaml --set trainer.max_steps=12 --output-dir runs/calc12
+
+The run's `trainer.logging_steps` must be 1 (every shipped smol recipe's), so that each step logs a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def logged_steps(metrics: Path) -> int:
+    """The highest step with a training row (a `loss`) in metrics.jsonl; 0 before the first."""
+    if not metrics.is_file():
+        return 0
+    steps = [0]
+    for line in metrics.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a row being written
+            continue
+        if "loss" in row:
+            steps.append(int(row["step"]))
+    return max(steps)
+
+
+def per_step(samples: list[tuple[float, int, int]]) -> list[dict[str, float]]:
+    """(seconds, rss, steps logged) samples -> per step under way: its peak and lowest RSS in GB."""
+    out: dict[int, list[int]] = {}
+    for _, rss, done in samples:
+        out.setdefault(done + 1, []).append(rss)
+    return [{"step": step, "peak_gb": round(max(v) / 1e9, 3), "low_gb": round(min(v) / 1e9, 3), "samples": len(v)}
+            for step, v in sorted(out.items())]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True, help="the run directory the command writes")
+    parser.add_argument("--every", type=float, default=3.0, help="seconds between samples")
+    parser.add_argument("--out", type=Path, help="JSON with every sample and the per-step table")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to trace after --")
+    started = time.time()
+    child = subprocess.Popen(command)
+    samples: list[tuple[float, int, int]] = []
+    while child.poll() is None:
+        rss = rss_bytes(child.pid)
+        if rss is not None:
+            samples.append((round(time.time() - started, 1), rss, logged_steps(args.run / "metrics.jsonl")))
+        time.sleep(args.every)
+    steps = [s for s in per_step(samples) if s["step"] <= logged_steps(args.run / "metrics.jsonl")]
+    for s in steps:
+        print(f"step {s['step']:3d}: peak {s['peak_gb']:.2f} GB, lowest {s['low_gb']:.2f} GB ({s['samples']} samples)")
+    if len(steps) >= 3:
+        third, last = steps[2]["peak_gb"], steps[-1]["peak_gb"]
+        print(f"last step's peak {last:.2f} GB vs step 3's {third:.2f} GB: {100 * (last / third - 1):+.1f}% "
+              f"(bound +5%); highest step peak {max(s['peak_gb'] for s in steps):.2f} GB")
+    if args.out:
+        args.out.write_text(json.dumps({"command": command, "every_s": args.every, "exit": child.returncode,
+                                        "seconds": round(time.time() - started, 1), "steps": steps,
+                                        "samples": samples}, indent=1) + "\n")
+    return child.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
