@@ -145,9 +145,7 @@ def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str,
     trainer.add_callback(stop)
     try:
         # On CPU, RSS follows live tensors while training: freed ones go back to the OS (see cpu_memory).
-        with stop.installed(), cpu_memory.small_heap(active=not cuda_available()) as small:
-            if small and (trim := cpu_memory.trim_each_step()) is not None:
-                trainer.add_callback(trim)
+        with stop.installed(), cpu_memory.small_heap(active=not cuda_available(), trainer=trainer):
             trainer.train(**({"resume_from_checkpoint": str(checkpoint)} if checkpoint else {}))
     except _Stopped:
         pass

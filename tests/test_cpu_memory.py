@@ -163,3 +163,24 @@ def test_rss_trace_reports_each_steps_peak_and_floor(tmp_path):
     assert [s["step"] for s in steps] == [1, 2, 3] and all(s["samples"] >= 3 for s in steps)
     assert steps[1]["peak_gb"] - steps[0]["peak_gb"] > 0.15 and steps[1]["peak_gb"] - steps[2]["peak_gb"] > 0.15
     assert "last step's peak" in done.stdout and "step   2: peak" in done.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_rlkit_train_trims_the_heap_after_every_step(tmp_path, monkeypatch):
+    """`rlkit train` on CPU installs the step-end trim: the real callback, counted, runs once per optimizer step."""
+    from rlkit.recipe import recipes_dir as shipped
+    from rlkit.train import train
+    from rlkit.trainers import cpu_memory
+
+    trims, real = [], cpu_memory.trim_each_step
+
+    def counted():
+        callback = real()
+        step_end = callback.on_step_end
+        callback.on_step_end = lambda *a, **k: (trims.append(1), step_end(*a, **k))[1]
+        return callback
+
+    monkeypatch.setattr(cpu_memory, "trim_each_step", counted)
+    run_dir = train(shipped() / "gsm8k_grpo.yaml", [], smoke=True, output_dir=tmp_path / "run")
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(trims) == max(steps) == 2

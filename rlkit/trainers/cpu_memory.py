@@ -66,11 +66,14 @@ def keep_heap_small(threshold: int | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def small_heap(active: bool = True) -> Iterator[bool]:
+def small_heap(active: bool = True, trainer: Any = None) -> Iterator[bool]:
     """``keep_heap_small()`` for the block (training), then the thresholds glibc's own adjustment would have
     reached (mmap 32 MiB, trim 64 MiB): a fixed small threshold would slow every later step of the process
-    (an eval after training ran ~3x slower in `make demo-calc`), and glibc cannot go back to adjusting it."""
+    (an eval after training ran ~3x slower in `make demo-calc`), and glibc cannot go back to adjusting it.
+    With a ``trainer``, the heap is also trimmed after each of its steps (:func:`trim_each_step`)."""
     took = active and keep_heap_small()
+    if took and trainer is not None and (trim := trim_each_step()) is not None:
+        trainer.add_callback(trim)
     try:
         yield took
     finally:
