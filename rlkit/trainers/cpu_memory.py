@@ -85,8 +85,8 @@ def small_heap(active: bool = True, trainer: Any = None) -> Iterator[bool]:
 
 
 def trim_each_step() -> Any:
-    """A TrainerCallback handing the heap's free pages back to the OS after every step (``malloc_trim(0)``,
-    a few milliseconds); None off glibc."""
+    """A TrainerCallback handing the heap's free pages back to the OS after every step (``malloc_trim(0)``: 79 ms
+    to return 1.2 GB of freed 2 MB blocks, under 0.1 ms when nothing is free); None off glibc."""
     libc = _libc()
     if libc is None:
         return None
