@@ -66,7 +66,10 @@ def main() -> int:
     if not command:
         parser.error("give the command to trace after --")
     started = time.time()
-    child = subprocess.Popen(command)
+    try:
+        child = subprocess.Popen(command)
+    except OSError as e:
+        parser.error(f"cannot start {command[0]!r}: {e.strerror}; give the command to trace after --")
     samples: list[tuple[float, int, int]] = []
     while child.poll() is None:
         rss = rss_bytes(child.pid)

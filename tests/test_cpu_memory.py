@@ -184,3 +184,11 @@ def test_rlkit_train_trims_the_heap_after_every_step(tmp_path, monkeypatch):
     run_dir = train(shipped() / "gsm8k_grpo.yaml", [], smoke=True, output_dir=tmp_path / "run")
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(trims) == max(steps) == 2
+
+
+def test_rss_trace_refuses_a_command_it_cannot_start_in_one_line(tmp_path):
+    bench = Path(__file__).resolve().parents[1] / "bench" / "rss_trace.py"
+    done = subprocess.run([sys.executable, str(bench), "--run", str(tmp_path), "--", str(tmp_path / "no-such-command")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("rss_trace.py: error: cannot start")
