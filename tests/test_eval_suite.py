@@ -135,7 +135,7 @@ def test_suite_cells_carry_wilson_intervals_and_the_gain_is_paired(tmp_path, mon
 
     right = {(False, 1): range(2), (True, 1): range(8), (False, 2): range(10), (True, 2): range(11)}
 
-    def scripted(source, ref, *, limit, out, overrides, show_progress):
+    def scripted(source, ref, *, limit, out, overrides, show_progress, served):
         data = json.loads(overrides[0].removeprefix("data.eval="))
         n = data["synthetic"]
         examples = [{"prompt": f"q{i}", "correct": i in right[ref == "trained/adapter", data["seed"]]} for i in range(n)]

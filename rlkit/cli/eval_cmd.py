@@ -13,7 +13,11 @@ from rlkit.errors import UserError
 
 def eval_(
     target: str = typer.Argument(..., help="A recipe YAML or a run directory (with --suite or --ifeval also a model)."),
-    model: str = typer.Option(None, "--model", help="Merged model dir, base model id, adapter dir or run dir."),
+    model: str = typer.Option(None, "--model", help="Merged model dir, base model id, adapter dir, run dir, or an "
+                              "OpenAI-compatible endpoint's base URL (http://localhost:8000/v1)."),
+    served_model: str = typer.Option(None, "--served-model", help="An endpoint's model name (default: its only one)."),
+    api_key: str = typer.Option(None, "--api-key", help="An endpoint's API key (default: $OPENAI_API_KEY); never "
+                                "saved."),
     limit: int = typer.Option(None, "--limit", min=1, help="Evaluate the first N eval examples."),
     smoke: bool = SmokeOpt,
     set_: list[str] = SetOpt,
@@ -32,6 +36,9 @@ def eval_(
 ) -> None:
     """Greedy pass@1 accuracy on the recipe's eval split (on every set of a --suite; --samples K: sampled metrics;
     --ifeval FILE: IFEval prompt/instruction accuracy, strict and loose)."""
+    from rlkit.evaluate.served import Served
+
+    served = Served(api_key=api_key, served_model=served_model)
     if ifeval is not None:
         from rlkit.evaluate.ifeval import run_ifeval
         from rlkit.evaluate.show import print_ifeval
@@ -39,7 +46,7 @@ def eval_(
         if suite is not None or samples is not None or resume:
             raise UserError("--ifeval is an eval of its own: drop --suite/--samples/--resume")
         print_ifeval(run_ifeval(target, ifeval, model=model, base=base, no_base=no_base, limit=limit, out=out,
-                                overrides=set_ or [], smoke=smoke))
+                                overrides=set_ or [], smoke=smoke, served=served))
         return
     if suite is not None:
         from rlkit.cli.suite import eval_suite
@@ -48,7 +55,8 @@ def eval_(
             raise UserError("--suite evaluates whole sets: drop --smoke/--resume (use --limit N for a quick look)")
         if samples is not None:
             raise UserError("--samples works on one eval split; drop --suite, or drop --samples")
-        eval_suite(target, suite, model=model, base=base, no_base=no_base, limit=limit, out=out, overrides=set_ or [])
+        eval_suite(target, suite, model=model, base=base, no_base=no_base, limit=limit, out=out, overrides=set_ or [],
+                   served=served)
         return
     if base is not None or no_base:
         raise UserError("--base/--no-base compare models on a --suite or --ifeval; add --suite NAME|FILE")
@@ -56,4 +64,4 @@ def eval_(
     from rlkit.evaluate.show import print_eval
 
     print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume,
-                        samples=samples, temperature=temperature))
+                        samples=samples, temperature=temperature, served=served))

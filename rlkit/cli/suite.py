@@ -4,21 +4,25 @@ and print one table, a column per set, the base and the trained model side by si
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.stats import show_accuracy, show_diff
+
+if TYPE_CHECKING:
+    from rlkit.evaluate.served import Served
 
 GAIN_CAPTION = ("gain: trained - base on the same problems, its 95% paired-bootstrap interval and p (exact McNemar "
                 "for right/wrong answers); * = significant at 5%")
 
 
 def eval_suite(target: str, suite_name: str, *, model: str | None, base: str | None, no_base: bool,
-               limit: int | None, out: Path | None, overrides: list[str]) -> dict[str, Any]:
+               limit: int | None, out: Path | None, overrides: list[str],
+               served: Served | None = None) -> dict[str, Any]:
     from rlkit.evaluate.suite import load_suite, run_suite
 
     suite = load_suite(suite_name)  # a mistake in the suite fails before any model loads
     summary = run_suite(target, suite, model=model, base=base, no_base=no_base, limit=limit, out=out,
-                        overrides=overrides)
+                        overrides=overrides, served=served)
     print_suite(summary)
     return summary
 

@@ -19,6 +19,7 @@ from rlkit.evaluate.results import default_out, journal, write_results
 from rlkit.evaluate.reward_model import evaluate_reward_model
 from rlkit.evaluate.sampled import check as check_samples
 from rlkit.evaluate.sampled import sample_task
+from rlkit.evaluate.served import Served, completer, endpoint_of, is_endpoint
 from rlkit.inference.reference import resolve_target
 from rlkit.stats import wilson
 
@@ -38,8 +39,12 @@ def evaluate(
     resume: bool = False,
     samples: int | None = None,
     temperature: float | None = None,
+    served: Served | None = None,
 ) -> dict[str, Any]:
     """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...).
+
+    ``model`` may be an OpenAI-compatible endpoint's base URL, reached as ``served`` says
+    (:mod:`rlkit.evaluate.served`).
 
     Each example (each trajectory, for an agent) is appended to a JSONL file next to the results as it
     finishes; ``resume`` continues after the ones a killed eval wrote. ``samples`` K adds pass@k, avg@k
@@ -52,12 +57,15 @@ def evaluate(
         if Path(out).exists():
             safety.check_replaceable_file(out, "--out", ("recipe", "model"))
     recipe, run_dir = resolve_target(target, overrides, smoke)
+    endpoint_of(recipe, run_dir, model)  # an endpoint beside a run directory fails before any data loads
     if recipe.data.eval is None:
         raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
     if recipe.env is not None:
         return evaluate_agent(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress,
-                              resume=resume, **sampling)
+                              resume=resume, served=served, **sampling)
     if recipe.algorithm == "reward":
+        if is_endpoint(model):
+            raise UserError(f"--model {model}: a reward model scores pairs locally; give its run or adapter")
         if samples:
             raise UserError(f"{target}: --samples does not apply to a reward model (it scores pairs, not samples)")
         return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
@@ -66,22 +74,25 @@ def evaluate(
     if not isinstance(get_task(recipe.data.task), Scored):
         raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
     return evaluate_task(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress, resume=resume,
-                         **sampling)
+                         served=served, **sampling)
 
 
 def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
                   out: str | Path | None, show_progress: bool = True, resume: bool = False,
-                  samples: int | None = None, temperature: float = 1.0) -> dict[str, Any]:
+                  samples: int | None = None, temperature: float = 1.0,
+                  served: Served | None = None) -> dict[str, Any]:
     """Accuracy of greedy completions, checked by the task's answer rule; the examples in row order."""
     from rlkit.data import get_task, load_rows, task_rows
-    from rlkit.inference.generate import generate
-    from rlkit.inference.load import load_for_generation
 
     task = get_task(recipe.data.task)
     source = recipe.data.eval.model_copy(update={"limit": limit}) if limit else recipe.data.eval
     rows = task_rows(recipe, "eval", load_rows(recipe.data.task, source))
 
-    lm, tokenizer, label = load_for_generation(recipe, run_dir, model)
+    if samples and endpoint_of(recipe, run_dir, model):
+        raise UserError(f"--model {model}: --samples needs the model here (it samples in batches of its own); "
+                        "drop --samples for an endpoint")
+    subject = completer(recipe, run_dir, model, max_new_tokens=recipe.eval.max_new_tokens, served=served)
+    label = subject.label
     from rlkit.rewards.math import extract_answer
 
     path = Path(out) if out else default_out(recipe.name, run_dir, label)
@@ -96,9 +107,8 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
                             "prediction": extract_answer(c), "completion": c, "correct": bool(s)})
 
         started = time.time()
-        generate(lm, tokenizer, list(todo["prompt"]), recipe.model.chat_template_kwargs,
-                 max_new_tokens=recipe.eval.max_new_tokens, batch_size=recipe.eval.batch_size,
-                 show_progress=show_progress, on_batch=write_batch)
+        subject.complete(list(todo["prompt"]), batch_size=recipe.eval.batch_size, show_progress=show_progress,
+                        on_batch=write_batch)
         elapsed = time.time() - started
         examples = jsonl.read_records(sink.path)
         correct = sum(e["correct"] for e in examples)
@@ -108,6 +118,7 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
             "seconds": round(elapsed, 2), "examples": examples,
         }
         if samples:
+            lm, tokenizer = subject.local
             results["samples"] = sample_task(recipe, lm, tokenizer, task, rows, path, k=samples,
                                              temperature=temperature, resume=resume, show_progress=show_progress)
         return write_results(results, path)

@@ -12,6 +12,7 @@ from rlkit.agents.policies import make_policy
 from rlkit.agents.rollout import TRAJECTORY_KEYS, episode_rows, in_row_order, play
 from rlkit.evaluate.results import default_out, journal, write_results
 from rlkit.evaluate.sampled import sample_agent
+from rlkit.evaluate.served import Served, endpoint_of
 
 if TYPE_CHECKING:
     from rlkit.recipe import Recipe
@@ -19,17 +20,20 @@ if TYPE_CHECKING:
 
 def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
                    out: str | Path | None, show_progress: bool = True, resume: bool = False,
-                   samples: int | None = None, temperature: float = 1.0) -> dict[str, Any]:
+                   samples: int | None = None, temperature: float = 1.0,
+                   served: Served | None = None) -> dict[str, Any]:
     """Accuracy, EM, F1 and evidence recall, overall and per question type; the results JSON's path."""
     from rlkit.analyze import analyze
     from rlkit.data import env_factory
 
     rows, make_env = episode_rows(recipe, "eval", limit), env_factory(recipe)
-    policy, label = make_policy(recipe, run_dir, model=model)
+    url, served = endpoint_of(recipe, run_dir, model), served or Served()
+    policy, label = make_policy(recipe, run_dir, model=None if url else model, endpoint=url, api_key=served.api_key,
+                                served_model=served.served_model, timeout=served.timeout, retries=served.retries)
     started = time.time()
     results_path = Path(out) if out else default_out(recipe.name, run_dir, label)
     with safety.hold(results_path), journal(results_path, ".trajectories.jsonl", resume, TRAJECTORY_KEYS) as sink:
-        play(recipe, rows, make_env, policy, 30.0, 8, show_progress, sink)
+        play(recipe, rows, make_env, policy, 30.0, served.concurrency, show_progress, sink)
         sink.close()
         trajectories = sink.path
         records = in_row_order(trajectories, rows)

@@ -2,8 +2,9 @@
 model rlkit can evaluate, the trained one beside its base.
 
 Each prompt goes to the model as one user turn through rlkit's own batched greedy generation
-(:mod:`rlkit.inference`), and lm-evaluation-harness's checkers score the reply
-(:mod:`rlkit.evaluate.ifeval_checks`). The four standard numbers, each with its 95% interval:
+(:mod:`rlkit.inference`) or to a model at an endpoint (:mod:`rlkit.evaluate.served`), and
+lm-evaluation-harness's checkers score the reply (:mod:`rlkit.evaluate.ifeval_checks`). The four standard
+numbers, each with its 95% interval:
 
 - ``prompt_strict`` / ``prompt_loose``: share of prompts whose every instruction is followed (Wilson);
 - ``inst_strict`` / ``inst_loose``: share of instructions followed (a bootstrap over prompts: one prompt's
@@ -25,6 +26,7 @@ from rlkit import runs, safety
 from rlkit.errors import UserError
 from rlkit.evaluate.ifeval_checks import load_prompts, prompts_file, score
 from rlkit.evaluate.results import write_results
+from rlkit.evaluate.served import Served, completer
 from rlkit.inference.reference import model_tag, resolve_target, run_dir_of
 from rlkit.stats import bootstrap_ratio, paired, wilson
 
@@ -61,13 +63,10 @@ def resolve(target: str | Path, model: str | None = None,
 
 def ifeval(target: str | Path, model: str | None = None, *, prompts: str | Path, limit: int | None = None,
            max_new_tokens: int | None = None, out: str | Path | None = None, overrides: list[str] | None = None,
-           smoke: bool = False, show_progress: bool = True) -> dict[str, Any]:
+           smoke: bool = False, show_progress: bool = True, served: Served | None = None) -> dict[str, Any]:
     """IFEval on one model: write and return its results (``metrics``, ``examples`` with each reply and its
     per-instruction verdicts, ``path``). ``target``/``model`` name the model as for :func:`rlkit.evaluate.evaluate`
     (or ``target`` is the model itself); ``prompts`` is IFEval's ``input_data.jsonl`` or its folder."""
-    from rlkit.inference.generate import generate
-    from rlkit.inference.load import load_for_generation
-
     recipe, run_dir, model = resolve(target, model, overrides, smoke)
     settings = recipe.eval.ifeval
     rows = load_prompts(prompts, limit or settings.limit)  # a bad file fails before any model loads
@@ -75,14 +74,14 @@ def ifeval(target: str | Path, model: str | None = None, *, prompts: str | Path,
         safety.check_target(out, "--out")
         if Path(out).exists():
             safety.check_replaceable_file(out, "--out", ("recipe", "model"))
-    lm, tokenizer, label = load_for_generation(recipe, run_dir, model)
-    path = Path(out) if out else default_folder(target, recipe, run_dir, label) / f"{model_tag(label)}.json"
     new_tokens = max_new_tokens or settings.max_new_tokens
+    subject = completer(recipe, run_dir, model, max_new_tokens=new_tokens, served=served)
+    label = subject.label
+    path = Path(out) if out else default_folder(target, recipe, run_dir, label) / f"{model_tag(label)}.json"
     with safety.hold(path):
         started = time.time()
-        replies = generate(lm, tokenizer, [[{"role": "user", "content": r["prompt"]}] for r in rows],
-                           recipe.model.chat_template_kwargs, max_new_tokens=new_tokens,
-                           batch_size=recipe.eval.batch_size, show_progress=show_progress, description="IFEval")
+        replies = subject.complete([[{"role": "user", "content": r["prompt"]}] for r in rows],
+                                   batch_size=recipe.eval.batch_size, show_progress=show_progress, description="IFEval")
         seconds = time.time() - started
         examples = [{"key": row["key"], "prompt": row["prompt"], "instruction_id_list": row["instruction_id_list"],
                      "response": reply, **score(row, reply)} for row, reply in zip(rows, replies, strict=True)]
@@ -155,7 +154,7 @@ def plan(target: str, model: str | None, base: str | None, no_base: bool) -> lis
 def run_ifeval(target: str, prompts: str | Path, *, model: str | None = None, base: str | None = None,
                no_base: bool = False, limit: int | None = None, max_new_tokens: int | None = None,
                out: str | Path | None = None, overrides: list[str] | None = None, smoke: bool = False,
-               show_progress: bool = True) -> dict[str, Any]:
+               show_progress: bool = True, served: Served | None = None) -> dict[str, Any]:
     """IFEval on the base and the trained model side by side (``rlkit eval TARGET --ifeval FILE``): the models
     :func:`plan` names, through :func:`compare_models`, into ``out`` (default :func:`default_folder`)."""
     models = plan(target, model, base, no_base)
@@ -163,12 +162,12 @@ def run_ifeval(target: str, prompts: str | Path, *, model: str | None = None, ba
         recipe, run_dir, ref = resolve(target, model, overrides, smoke)
         out = default_folder(target, recipe, run_dir, ref or str(target))
     return compare_models(models, prompts, out, limit=limit, max_new_tokens=max_new_tokens, overrides=overrides,
-                          smoke=smoke, show_progress=show_progress)
+                          smoke=smoke, show_progress=show_progress, served=served)
 
 
 def compare_models(models: list[tuple[str, str | Path, str | None]], prompts: str | Path, out: str | Path, *,
                    limit: int | None = None, max_new_tokens: int | None = None, overrides: list[str] | None = None,
-                   smoke: bool = False, show_progress: bool = True) -> dict[str, Any]:
+                   smoke: bool = False, show_progress: bool = True, served: Served | None = None) -> dict[str, Any]:
     """IFEval on each ``(role, target, model)`` in turn, into ``out/<role>.json``; writes and returns the summary
     ``out/ifeval.json``: ``rows`` (one per model) and ``comparisons``: when the first role is ``base``, every other
     model against it, and with three or more models the last against the one before it (what the last stage cost),
@@ -180,7 +179,7 @@ def compare_models(models: list[tuple[str, str | Path, str | None]], prompts: st
     rows, results = [], []
     for role, where, ref in models:
         res = ifeval(where, ref, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens, smoke=smoke,
-                     out=out / f"{role}.json", overrides=overrides, show_progress=show_progress)
+                     out=out / f"{role}.json", overrides=overrides, show_progress=show_progress, served=served)
         results.append(res)
         rows.append({"role": role, "model": res["model"], "n": res["n"], "instructions": res["instructions"],
                      "seconds": res["seconds"], "metrics": res["metrics"], "results": res["path"]})

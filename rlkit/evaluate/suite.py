@@ -5,7 +5,8 @@ A suite is a YAML file (shipped ones live in ``recipes/suites/``; ``--suite arit
 
     name: arith
     recipe: smol_arith_grpo          # whose prompt, rewards, tool and eval settings the sets use when TARGET
-                                     # is a model (adapter, merged model, Hub id) rather than a run or a recipe
+                                     # is a model (adapter, merged model, Hub id, endpoint URL) rather than a
+                                     # run or a recipe
     sets:
       - name: two-digit              # a column of the table
         about: sums and differences of two-digit numbers
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlkit import runs, safety
 from rlkit.errors import UserError
+from rlkit.evaluate.served import Served
 from rlkit.recipe.catalogue import recipes_dir
 
 
@@ -127,7 +129,8 @@ def plan(target: str, suite: Suite, model: str | None, base: str | None,
 
 def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str | None = None,
               no_base: bool = False, limit: int | None = None, out: Path | None = None,
-              overrides: list[str] | None = None, show_progress: bool = True) -> dict[str, Any]:
+              overrides: list[str] | None = None, show_progress: bool = True,
+              served: Served | None = None) -> dict[str, Any]:
     """Evaluate each model on each set; write and return the summary (``rows``: one per model; ``gain``: per set,
     the second model minus the first on the same problems, when there are two)."""
     from rlkit.evaluate import evaluate
@@ -148,7 +151,7 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
         label, tag = None, model_tag(ref if ref is not None else Path(source).name)
         for s in suite.sets:
             res = evaluate(source, ref, limit=limit, out=Path(out) / f"{role}-{tag}" / f"{s.name}.json",
-                           overrides=(overrides or []) + s.overrides(), show_progress=show_progress)
+                           overrides=(overrides or []) + s.overrides(), show_progress=show_progress, served=served)
             label = res["model"]
             n = res["n"]
             correct = (sum(bool(e["correct"]) for e in res["examples"]) if "examples" in res

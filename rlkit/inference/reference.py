@@ -74,5 +74,6 @@ def run_dir_of(adapter: str | Path) -> Path | None:
 
 
 def model_tag(label: str) -> str:
-    """A file-name-safe tag for a model label (a path, a Hub id or a served model name)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(label).name).strip("_") or "model"
+    """A file-name-safe tag for a model label (a path, a Hub id, a served model name or an endpoint URL)."""
+    name = label.split("://", 1)[1] if "://" in label else Path(label).name  # http://host:8000/v1: host_8000_v1
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "model"
