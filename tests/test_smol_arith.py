@@ -6,6 +6,7 @@ import re
 
 import datasets
 import pytest
+import yaml
 
 from rlkit.data import arith, gsm8k
 from rlkit.demos.arith import easiest_gsm8k, eval_sets, format_share
@@ -99,8 +100,9 @@ def test_format_share_counts_replies_ending_with_the_answer_line():
 
 
 @pytest.mark.report
-def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_path):
-    """The real demo's wiring, on the tiny model with one GRPO step (the numbers are `make demo`'s job)."""
+def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path):
+    """The real demo's wiring, on the tiny model with one SFT and one GRPO step (the numbers are `make demo`'s
+    job): base, SFT and GRPO on every set, the paired gains, GRPO continuing from the SFT adapter."""
     from rlkit.demos.arith import run_demo
     from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
 
@@ -108,27 +110,31 @@ def test_demo_runs_every_stage_and_reports_base_and_trained_side_by_side(tmp_pat
     gsm.write_text("".join(json.dumps({"question": f"{i} plus {i}?", "answer": f"a\nb\n#### {2 * i}"}) + "\n"
                            for i in range(5)))
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
-            "trainer.max_steps=1", "trainer.num_generations=2", "trainer.per_device_train_batch_size=4",
-            "trainer.max_completion_length=8", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
-    summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3)
+            "trainer.max_steps=1", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
+    grpo = ["trainer.num_generations=2", "trainer.per_device_train_batch_size=4", "trainer.max_completion_length=8"]
+    summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3, grpo_overrides=grpo)
     slugs = [slug for _, slug, _ in eval_sets(gsm)]
     assert [r["n"] for r in summary["rows"]] == [3] * len(slugs)
     for r in summary["rows"]:
-        assert 0 <= r["base"] <= 1 and 0 <= r["grpo"] <= 1
+        assert all(0 <= r[k] <= 1 for k in ("base", "sft", "grpo"))
         assert r["base_interval"] == pytest.approx(wilson(round(r["base"] * r["n"]), r["n"]))
-        gain = r["gain"]  # paired on the same problems: exact McNemar for right/wrong
-        assert gain["test"] == "mcnemar" and gain["diff"] == pytest.approx(r["grpo"] - r["base"])
-        assert gain["low"] <= gain["diff"] <= gain["high"] and 0 <= gain["p"] <= 1
+        for key, (before, after) in {"sft_minus_base": ("base", "sft"), "grpo_minus_sft": ("sft", "grpo"),
+                                     "grpo_minus_base": ("base", "grpo")}.items():
+            gain = r[key]  # paired on the same problems: exact McNemar for right/wrong
+            assert gain["test"] == "mcnemar" and gain["diff"] == pytest.approx(r[after] - r[before])
+            assert gain["low"] <= gain["diff"] <= gain["high"] and 0 <= gain["p"] <= 1
     ifeval = IFEVAL_PROMPTS.is_file()
-    assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "GRPO training",
-                                                       "trained eval", *(["IFEval check"] if ifeval else [])]
+    assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
+                                                       "SFT eval", "GRPO training", "GRPO eval",
+                                                       *(["IFEval check"] if ifeval else [])]
     run = tmp_path / "demo" / "grpo"
-    if ifeval:  # base -> GRPO on the demo's first `limit` IFEval prompts, in demo.json and the run's report
-        assert [(r["role"], r["n"]) for r in summary["ifeval"]["rows"]] == [("base", 3), ("GRPO", 3)]
-        assert [(c["role"], c["against"]) for c in summary["ifeval"]["comparisons"]] == [("GRPO", "base")]
+    assert yaml.safe_load((run / "recipe.resolved.yaml").read_text())["init_from"] == str(tmp_path / "demo" / "sft")
+    if ifeval:  # base -> SFT -> GRPO on the demo's first `limit` IFEval prompts, in demo.json and the run's report
+        assert [(r["role"], r["n"]) for r in summary["ifeval"]["rows"]] == [("base", 3), ("SFT", 3), ("GRPO", 3)]
+        assert ("GRPO", "SFT") in [(c["role"], c["against"]) for c in summary["ifeval"]["comparisons"]]
         assert "## General ability: IFEval" in (run / "report.md").read_text()
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
-        f"{tag}-{slug}.json" for tag in ("base", "grpo") for slug in slugs)
+        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in slugs)
     report = (run / "report.md").read_text()
     assert "base-other-wording.json" in report and "grpo-gsm8k-easiest.json" in report
     assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]

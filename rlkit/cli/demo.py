@@ -23,9 +23,10 @@ def demo(
                                     help="GSM8K test JSONL for the easiest-items row (skipped when absent)."),
     set_: list[str] = SetOpt,
 ) -> None:
-    """Offline demo: SmolLM2-135M-Instruct evaluated, trained with GRPO on a CPU, evaluated again.
+    """Offline demo: SmolLM2-135M-Instruct evaluated, fine-tuned (SFT), trained with GRPO on a CPU, evaluated after
+    each stage on sets outside its training box.
 
-    With --calc or --search, each --set applies to both the SFT and the GRPO recipe.
+    Each --set applies to both the SFT and the GRPO recipe (and to every eval).
     """
     picked = [flag for flag, on in (("--tiny", tiny), ("--calc", calc), ("--search", search)) if on]
     if len(picked) > 1:

