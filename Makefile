@@ -79,8 +79,8 @@ test-trl-top:
 	$(call trl-venv,$(TRL_TOP),$(VENV_TOP))
 	$(OFFLINE) $(VENV_TOP)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(TRL_TOP_TESTS) $(PYTEST_ARGS)
 
-# SmolLM2-135M-Instruct: base eval -> GRPO -> eval on the 8 arith-suite sets and GSM8K's 100 easiest
-# (12 min 0 s wall on 2 idle cores at 1593160, peak RSS 2.86 GB: /usr/bin/time -v).
+# SmolLM2-135M-Instruct: base eval -> SFT -> eval -> GRPO -> eval on the 8 arith-suite sets and GSM8K's 100 easiest,
+# then IFEval on all three (49 min wall on 2 cores under load 2-5 at 79585c5, peak RSS 3.28 GB: /usr/bin/time -v).
 demo: install
 	$(OFFLINE) $(BIN)/rlkit demo
 

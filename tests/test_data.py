@@ -139,7 +139,7 @@ def test_gsm8k_takes_a_prompt_file_or_text_with_the_worked_turns_data_shots_name
         assert load_prompt_rows(recipe, recipe.data.eval)["prompt"] == rows["prompt"]  # PPO and pairs see the same
         return rows[0]["prompt"]
 
-    base = prompt()
+    base = prompt("data.prompt=short")  # the recipe mixes forms (`mix`); `short` has the system line and turns
     assert [m["role"] for m in base] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert base[0]["content"] == gsm8k.PROMPTS["short"] and base[1:5] == gsm8k.SHOTS["short"]
     filed = prompt(f"data.prompt={tmp_path / 'arith.txt'}")
@@ -147,7 +147,7 @@ def test_gsm8k_takes_a_prompt_file_or_text_with_the_worked_turns_data_shots_name
     kept = prompt(f"data.prompt={tmp_path / 'arith.txt'}", "data.shots=short")
     assert kept == [filed[0], *base[1:]]
     assert prompt("data.prompt='Solve it. End with #### N.'", "data.shots=alt")[1:5] == gsm8k.SHOTS["alt"]
-    assert prompt("data.shots=alt") == [base[0], *gsm8k.SHOTS["alt"], base[-1]]
+    assert prompt("data.prompt=short", "data.shots=alt") == [base[0], *gsm8k.SHOTS["alt"], base[-1]]
     for overrides, expected in [
         (["data.shots=shrot"], "data.shots: no prompt variant 'shrot' with worked turns (did you mean 'short'?); "
                                "valid: short, alt"),

@@ -11,7 +11,9 @@ from rlkit.recipe import recipes_dir
 # --one NAME`, NAME the case's id, at git 3ab347c (the LM head reads a contiguous input; before it, each peak
 # held one copy of the head per sequence: arith 2.81, calc 2.10, calc16 2.90 GB).
 MEASURED = [  # (case, recipe, overrides, per-step peaks)
-    # 16 x (132-139 prompt + 8-20 completion) tokens
+    # 16 x (132-139 prompt + 8-20 completion) tokens. The recipe now mixes three prompt forms (`data.prompt: mix`,
+    # 30-139 tokens); a batch is padded to its longest prompt, so the plan counts the longest (139) and the peak
+    # stays this one's: the whole 10-step run from the SFT adapter peaked at 1.93 GB (`/usr/bin/time -v`, 0798560)
     ("arith", "smol_arith_grpo", [], [1.707, 1.890, 1.993]),
     # base model, no SFT adapter: 8 x (~530 + 15-96) tokens, two model turns around a calculator call
     ("calc", "smol_calc_grpo", [], [1.948, 2.061, 2.041]),

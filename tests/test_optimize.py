@@ -48,7 +48,9 @@ def proposing(*texts):
     return reply
 
 
-SMOKE = ["--set", "rewards=[{name: 'tests.test_optimize:house_style'}, {name: 'tests.test_optimize:small_answer'}]"]
+# smol_arith_grpo mixes prompt forms (`data.prompt: mix`); the optimiser works on one system line: its `short` form.
+SMOKE = ["--set", "rewards=[{name: 'tests.test_optimize:house_style'}, {name: 'tests.test_optimize:small_answer'}]",
+         "--set", "data.prompt=short"]
 
 
 def optimize(server, out, **more):
@@ -56,7 +58,7 @@ def optimize(server, out, **more):
 
     kwargs = {"reflection_endpoint": server.url, "reflection_model": MODEL, "budget": 20, "limit_train": 3,
               "limit_val": 4, "limit_eval": 6, "minibatch": 3, "reflection_retries": 1, "reflection_timeout": 10.0,
-              "overrides": [SMOKE[1]], "smoke": True, **more}
+              "overrides": SMOKE[1::2], "smoke": True, **more}
     return optimize_prompt(ARITH, out=out, **kwargs)
 
 
@@ -116,7 +118,7 @@ def test_gepa_keeps_the_proposal_the_rewards_prefer_writes_it_and_evaluates_it(t
     assert ev["gain"]["test"] == "mcnemar"
     saved = json.loads((tmp_path / "prompts" / "arith.json").read_text())
     assert saved["prompt"] == SECOND and saved["use"]["set"] == [f"data.prompt={out}", "data.shots=short"]
-    assert shlex.split(saved["use"]["command"]) == ["rlkit", "train", str(ARITH), "--smoke", "--set", SMOKE[1],
+    assert shlex.split(saved["use"]["command"]) == ["rlkit", "train", str(ARITH), "--smoke", *SMOKE,
                                                      "--set", f"data.prompt={out}", "--set", "data.shots=short"]
     assert saved["reflection"]["api_key_env"] == "TEST_REFLECTION_KEY"
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
@@ -181,7 +183,7 @@ def cli(monkeypatch, capsys, *args) -> tuple[int, str]:
 
 def test_an_unreachable_endpoint_is_one_line_and_exit_2_before_the_model_loads(tmp_path):
     out = tmp_path / "p.txt"
-    res = rlkit("optimize-prompt", ARITH, "--smoke", "--reflection-model", MODEL, "--out", out,
+    res = rlkit("optimize-prompt", ARITH, "--smoke", *SMOKE[2:], "--reflection-model", MODEL, "--out", out,
                 "--reflection-endpoint", "http://127.0.0.1:9/v1", "--reflection-retries", "0")
     assert res.returncode == 2 and res.stdout == ""
     assert re.fullmatch(r"rlkit: error: reflection model http://127\.0\.0\.1:9/v1 \(model 'scripted-reflector'\) "

@@ -196,7 +196,7 @@ def ram_bytes() -> float:
 
 def checks(ctx: Any) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
     from rlkit.doctor import Check
-    from rlkit.doctor.memory import F, mean_prompt_tokens, model_shape, plan_for, unknown_model
+    from rlkit.doctor.memory import F, model_shape, padded_prompt_tokens, plan_for, unknown_model
     from rlkit.trainers.cpu_memory import _from_env
 
     recipe = ctx.recipe
@@ -207,7 +207,7 @@ def checks(ctx: Any) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
     shape = model_shape(recipe.model.name_or_path)
     if shape is None:
         return [unknown_model(ctx)], {}
-    plan = plan_from(ctx, plan_for(ctx, shape, mean_prompt_tokens(ctx) or 256))
+    plan = plan_from(ctx, plan_for(ctx, shape, padded_prompt_tokens(ctx) or 256))
     est = plan.estimate()
     table = [{"term": k, "GB": round(v, 2)} for k, v in est.items()]
     ram = ram_bytes() / GB
