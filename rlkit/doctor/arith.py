@@ -63,7 +63,7 @@ def _grpo(ctx: Context, cfg: Any) -> list[Check]:
     per_epoch = math.ceil(n / prompts_per_opt) if n else 0
     steps = _steps(cfg, per_epoch)
     epochs = steps / per_epoch if per_epoch else 0.0
-    from rlkit.doctor.memory import mean_prompt_tokens
+    from rlkit.doctor.lengths import mean_prompt_tokens
 
     prompt_tokens = mean_prompt_tokens(ctx)
     completion = cfg.max_completion_length

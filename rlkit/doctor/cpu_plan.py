@@ -196,7 +196,8 @@ def ram_bytes() -> float:
 
 def checks(ctx: Any) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
     from rlkit.doctor import Check
-    from rlkit.doctor.memory import F, model_shape, padded_prompt_tokens, plan_for, unknown_model
+    from rlkit.doctor.lengths import padded_prompt_tokens
+    from rlkit.doctor.memory import F, model_shape, plan_for, unknown_model
     from rlkit.trainers.cpu_memory import _from_env
 
     recipe = ctx.recipe

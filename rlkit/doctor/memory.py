@@ -282,6 +282,8 @@ def checks(ctx: Context, gpu: str | None) -> tuple[list[Check], dict[str, list[d
     shape = model_shape(ctx.recipe.model.name_or_path)
     if shape is None:
         return [unknown_model(ctx)], {}
+    from rlkit.doctor.lengths import padded_prompt_tokens
+
     plan = plan_for(ctx, shape, padded_prompt_tokens(ctx) or 256)
     est = plan.estimate()
     counts = parameter_counts(shape)
@@ -322,36 +324,3 @@ def published_check(shape_name: str, **plan: Any) -> float:
     """The plan's total (GiB) for a known model; tests compare it with published figures."""
     return Plan(shape=dict(KNOWN[shape_name]), **plan).estimate()["total"]
 
-def mean_prompt_tokens(ctx: Context) -> int | None:
-    """Mean prompt length in tokens over the scored rows, or None: what a step's token count averages to."""
-    lengths = prompt_lengths(ctx)
-    return round(sum(lengths) / len(lengths)) if lengths else None
-
-
-def padded_prompt_tokens(ctx: Context) -> int | None:
-    """The longest prompt of the scored rows in tokens, or None: the width a batch is padded to when its prompts
-    differ in length (`data.prompt: mix` puts 30-token and 170-token prompts in one batch), which is what the
-    memory plans count."""
-    lengths = prompt_lengths(ctx)
-    return max(lengths) if lengths else None
-
-
-def prompt_lengths(ctx: Context) -> list[int] | None:
-    """Each scored row's prompt length in tokens (the chat template applied, with the environment's tools as TRL
-    renders them: trl/trainer/grpo_trainer.py:1792), or None; ~4 characters a token without a tokenizer."""
-    from rlkit.envs import recipe_tool_schemas
-    from rlkit.errors import UserError
-
-    rows = ctx.scored_rows
-    if rows is None or "prompt" not in rows.column_names or len(rows) == 0:
-        return None
-    try:
-        tok = ctx.tokenizer
-    except UserError:  # no tokenizer here: ~4 characters per token, the usual English BPE ratio
-        return [round((sum(len(str(m.get("content") or "")) for m in p) if isinstance(p, list) else len(p)) / 4)
-                for p in rows["prompt"]]
-    tools = recipe_tool_schemas(ctx.recipe) if ctx.recipe.env is not None else None
-    texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True, tools=tools,
-                                     **ctx.recipe.model.chat_template_kwargs) if isinstance(p, list) else p
-             for p in rows["prompt"]]
-    return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
