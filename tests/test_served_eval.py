@@ -117,3 +117,9 @@ def test_an_endpoint_beside_a_run_directory_is_refused_in_one_line(tmp_path, cap
     code, captured = run_main(capsys, "eval", sft_run, "--model", "http://127.0.0.1:9/v1", "--out", tmp_path / "x")
     assert code == 2 and len(captured.err.strip().splitlines()) == 1
     assert "an endpoint serves its own weights; give a recipe as TARGET" in captured.err
+
+
+def test_endpoint_flags_without_an_endpoint_are_one_line(tmp_path, capsys):
+    code, captured = run_main(capsys, "eval", ARITH, "--served-model", "m", "--out", tmp_path / "x.json")
+    assert code == 2 and len(captured.err.strip().splitlines()) == 1
+    assert "--served-model/--api-key reach a model at an endpoint" in captured.err and not (tmp_path / "x.json").exists()

@@ -36,8 +36,11 @@ def eval_(
 ) -> None:
     """Greedy pass@1 accuracy on the recipe's eval split (on every set of a --suite; --samples K: sampled metrics;
     --ifeval FILE: IFEval prompt/instruction accuracy, strict and loose)."""
-    from rlkit.evaluate.served import Served
+    from rlkit.evaluate.served import Served, is_endpoint
 
+    if (served_model or api_key) and not any(is_endpoint(ref) for ref in (target, model, base)):
+        raise UserError("--served-model/--api-key reach a model at an endpoint: give its URL as TARGET, --model or "
+                        "--base (http://host:8000/v1), or drop them")
     served = Served(api_key=api_key, served_model=served_model)
     if ifeval is not None:
         from rlkit.evaluate.ifeval import run_ifeval
