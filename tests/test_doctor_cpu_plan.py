@@ -11,10 +11,13 @@ from rlkit.recipe import recipes_dir
 # --one NAME`, NAME the case's id, at git 3ab347c (the LM head reads a contiguous input; before it, each peak
 # held one copy of the head per sequence: arith 2.81, calc 2.10, calc16 2.90 GB).
 MEASURED = [  # (case, recipe, overrides, per-step peaks)
-    # 16 x (132-139 prompt + 8-20 completion) tokens. The recipe now mixes three prompt forms (`data.prompt: mix`,
+    # 16 x (132-139 prompt + 8-20 completion) tokens (the recipe until 8 prompts a step). The recipe now mixes three prompt forms (`data.prompt: mix`,
     # 30-139 tokens); a batch is padded to its longest prompt, so the plan counts the longest (139) and the peak
     # stays this one's: the whole 10-step run from the SFT adapter peaked at 1.93 GB (`/usr/bin/time -v`, 0798560)
-    ("arith", "smol_arith_grpo", [], [1.707, 1.890, 1.993]),
+    ("arith", "smol_arith_grpo", ["trainer.per_device_train_batch_size=16"], [1.707, 1.890, 1.993]),
+    # the recipe now: 32 x the same tokens (8 prompts x 4). Its 10-step run from the SFT adapter peaked at 1.88 GB
+    # (`/usr/bin/time -v`, one thread beside two other jobs; bench/results/arith_suite.md, the gentler stage)
+    ("arith32", "smol_arith_grpo", [], [1.88]),
     # base model, no SFT adapter: 8 x (~530 + 15-96) tokens, two model turns around a calculator call
     ("calc", "smol_calc_grpo", [], [1.948, 2.061, 2.041]),
     # base model, completions forced to the 512-token budget (`trainer.generation_kwargs={min_new_tokens: 512}`:
@@ -60,7 +63,8 @@ CHECKPOINTING = {"4096": {True: 1.99, False: 5.33}, "128": {True: 1.32, False: 4
 def test_checkpointing_off_raises_the_plan_by_the_measured_amount(smollm2_dir, on_cpu, monkeypatch, threshold_kb):
     monkeypatch.setenv("RLKIT_MMAP_THRESHOLD_KB", threshold_kb)
     measured = CHECKPOINTING[threshold_kb]
-    plan = {on: cpu_plan("smol_arith_grpo", [f"trainer.gradient_checkpointing={str(on).lower()}"])["total"]
+    plan = {on: cpu_plan("smol_arith_grpo", ["trainer.per_device_train_batch_size=16",  # the batch measured
+                                             f"trainer.gradient_checkpointing={str(on).lower()}"])["total"]
             for on in (True, False)}
     print(f"{threshold_kb} KiB: plan {plan}, measured {measured}")
     for on in (True, False):
