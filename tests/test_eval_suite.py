@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlkit.cli import app
-from rlkit.data import gsm8k
+from rlkit.data import calc, gsm8k, load_rows, task_rows
 from rlkit.errors import UserError
 from rlkit.evaluate.suite import load_suite, run_suite
 from rlkit.recipe import load_recipe, recipes_dir
@@ -73,6 +73,20 @@ def test_shipped_suites_load_and_their_sets_are_valid_recipe_overrides():
         assert r.data.eval.synthetic >= 100
     seeds = {(s.eval["seed"], json.dumps(s.eval["generator"])) for s in arith.sets}
     assert len(seeds) == len(arith.sets)
+    calc_suite = load_suite("calc")
+    recipe = recipes_dir() / f"{calc_suite.recipe}.yaml"
+    held = {}
+    for s in calc_suite.sets:
+        r = load_recipe(recipe, s.overrides())
+        assert r.env.name == "calculator" and r.data.eval.synthetic == 100
+        held[s.name] = task_rows(r, "eval", load_rows("calc", r.data.eval))
+    assert len({s.eval["seed"] for s in calc_suite.sets}) == len(calc_suite.sets)  # other problems in every set
+    train = load_recipe(recipe)
+    trained = set(calc.generate(train.data.train.synthetic, seed=train.data.train.seed)["question"])
+    for name, rows in held.items():  # no set repeats a training problem
+        assert not trained & {r["prompt"][-1]["content"] for r in rows}, name
+    assert len(held["alt-prompt"][0]["prompt"]) == len(held["box"][0]["prompt"]) == 10  # system, 2 x 4 turns, question
+    assert len(held["no-shots"][0]["prompt"]) == 2 and held["alt-prompt"][0]["prompt"][0] != held["box"][0]["prompt"][0]
     multihop = load_suite("multihop")
     r = load_recipe(recipes_dir() / f"{multihop.recipe}.yaml", multihop.sets[0].overrides())
     assert r.retrieval.corpus.endswith("hotpotqa_train_corpus.json") and r.data.eval.columns["id"] == "_id"

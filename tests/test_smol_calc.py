@@ -35,6 +35,45 @@ def test_problems_need_multi_digit_arithmetic_and_their_answers_are_right(wordin
     assert calc.generate(5, seed=4, wording=wording).to_list() == calc.generate(5, seed=4, wording=wording).to_list()
 
 
+@pytest.mark.parametrize("wording", ["classic", "other"])
+@pytest.mark.parametrize("size, digits", [("small", {"*": (2, 1), "+-": (3, 3)}), ("large", {"*": (4, 3), "+-": (5, 5)})])
+def test_size_sets_the_operands_digits(wording, size, digits):
+    for row in calc.generate(200, seed=1, wording=wording, size=size):
+        expression, _, total = row["answer"].splitlines()[0].partition(" = ")
+        a, op, b = expression.split()
+        assert evaluate(expression) == int(total) >= 0
+        assert (len(a), len(b)) == digits["*" if op == "*" else "+-"]
+        assert re.findall(r"\d+", row["question"]) in ([a, b], [b, a])
+
+
+@pytest.mark.parametrize("wording", ["classic", "other"])
+def test_two_step_problems_are_one_expression_of_three_numbers_in_the_question(wording):
+    rows = calc.generate(300, seed=2, wording=wording, steps=2)
+    shapes = set()
+    for row in rows:
+        expression, _, total = row["answer"].splitlines()[0].partition(" = ")
+        a, first, b, second, c = expression.split()
+        shapes.add(f"{first} {second}")
+        assert evaluate(expression) == int(total) > 0 and row["answer"].endswith(f"#### {total}")
+        assert re.findall(r"\d+", row["question"]) == [a, b, c]  # in the order the expression uses them
+    assert shapes == {"* -", "* +", "+ -"}
+    assert gsm8k_correct(list(rows["answer"]), answer=list(rows["answer"])) == [1.0] * 300
+    with pytest.raises(ValueError, match="steps must be 1 or 2"):
+        calc.generate(2, steps=3)
+    with pytest.raises(ValueError, match="size must be one of small, standard, large"):
+        calc.generate(2, size="huge")
+
+
+def test_the_alternative_worked_turns_solve_their_problems_and_differ_from_the_training_ones():
+    alt, classic = calc.SHOTS["calculator-alt"], calc.SHOTS["calculator"]
+    for call, result, answer in zip(alt[1::4], alt[2::4], alt[3::4], strict=True):
+        expression = call["tool_calls"][0]["function"]["arguments"]["expression"]
+        assert str(evaluate(expression)) == result["content"] and answer["content"] == f"#### {result['content']}"
+    assert not {t["content"] for t in alt if t["role"] == "user"} & {t["content"] for t in classic if t["role"] == "user"}
+    assert calc.chat_prompt("Q?", "calculator-zero") == [{"role": "system", "content": calc.PROMPTS["calculator"]},
+                                                          {"role": "user", "content": "Q?"}]
+
+
 def test_other_wording_shares_no_name_thing_or_question_with_the_training_family():
     classic, other = calc.generate(300, seed=0), calc.generate(300, seed=0, wording="other")
     assert not {w.lower() for w in calc._NAMES + calc._ITEMS} & _words(other)

@@ -21,6 +21,10 @@ from rlkit.data.gsm8k import episode_metrics, gold, load, score, success  # noqa
 # reliably than from an instruction.
 PROMPTS = {
     "calculator": "Use the `calculate` tool for the arithmetic, then answer `#### <number>`.",
+    # Other prompt forms (the `calc` eval suite): the system line alone, and another line with other worked turns.
+    "calculator-zero": "Use the `calculate` tool for the arithmetic, then answer `#### <number>`.",
+    "calculator-alt": "You have a calculator. Call `calculate` with the expression, then give the result as "
+                      "`#### <number>`.",
 }
 
 
@@ -42,6 +46,12 @@ SHOTS = {
                       "does the school order?", "215 * 36", "7740"),
         *worked_turns("Nina has 1348 stamps. Then Nina buys 2596 more. How many stamps does Nina have now?",
                       "1348 + 2596", "3944"),
+    ],
+    "calculator-alt": [
+        *worked_turns("A library had 6021 books and lent out 2875 of them. How many books are still on the "
+                      "shelves?", "6021 - 2875", "3146"),
+        *worked_turns("Each of the 48 buses carries 153 passengers. How many passengers ride the buses?",
+                      "153 * 48", "7344"),
     ],
 }
 
@@ -103,9 +113,37 @@ _OTHER = {
 }
 
 
-def generate(n: int, seed: int = 0, wording: str = "classic"):
-    """``n`` seeded problems: a three-digit count times a two-digit one, or two four-digit numbers added
-    or subtracted, GSM8K-formatted (``"347 * 28 = 9716\\n#### 9716"``).
+# Two operations in one problem (``steps=2``): a product or a sum, then a second number added or taken away; the
+# whole expression fits one tool call.
+_CLASSIC2 = {
+    "* -": "A shop has {a} boxes with {b} {item} in each box and sells {c} {item}. How many {item} are left?",
+    "* +": "{name} packs {a} bags with {b} {item} in each bag and has {c} loose {item}. How many {item} does {name} "
+           "have in all?",
+    "+ -": "{name} has {a} {item}. Then {name} buys {b} more and gives away {c}. How many {item} does {name} have "
+           "now?",
+}
+_OTHER2 = {
+    "* -": "The truck brings {a} crates of {b} {item} each, and {c} {item} arrive broken. How many unbroken {item} "
+           "were delivered?",
+    "* +": "{name} plants {a} rows of {item} with {b} in every row, then {c} more by the gate. How many {item} did "
+           "{name} plant altogether?",
+    "+ -": "The farm grew {a} {item} last year and {b} this year, and {c} of them spoiled. How many {item} from "
+           "both years were good?",
+}
+# Operand ranges (inclusive) by ``size``: (product: count, per-group), (sum/difference: both numbers).
+SIZES = {
+    "small": (((13, 99), (3, 9)), (101, 999)),           # two-digit times one-digit, three-digit sums
+    "standard": (((101, 999), (12, 99)), (1001, 9999)),  # the recipes' box
+    "large": (((1001, 9999), (101, 999)), (10001, 99999)),
+}
+
+
+def generate(n: int, seed: int = 0, wording: str = "classic", size: str = "standard", steps: int = 1):
+    """``n`` seeded problems, GSM8K-formatted (``"347 * 28 = 9716\\n#### 9716"``). By default (the recipes' box) a
+    three-digit count times a two-digit one, or two four-digit numbers added or subtracted. Knobs that move a
+    problem out of that box one axis at a time: ``wording`` (``classic`` or ``other``), ``size`` (``small``,
+    ``standard``, ``large``: the operands' digits) and ``steps`` (1, or 2: a product or sum, then a third number
+    added or taken away). With the defaults the rows are those of earlier rlkit versions, seed for seed.
 
     >>> generate(1, seed=3)[0]["answer"].splitlines()[-1].startswith("####")
     True
@@ -114,20 +152,49 @@ def generate(n: int, seed: int = 0, wording: str = "classic"):
 
     if wording not in ("classic", "other"):
         raise ValueError(f"wording must be 'classic' or 'other', not {wording!r}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(SIZES)}, not {size!r}")
+    if steps not in (1, 2):
+        raise ValueError(f"steps must be 1 or 2, not {steps!r}")
     rng = random.Random(seed)
-    return datasets.Dataset.from_list([_problem(rng, wording) for _ in range(n)])
+    make = _problem if steps == 1 else _two_step
+    return datasets.Dataset.from_list([make(rng, wording, size) for _ in range(n)])
 
 
-def _problem(rng: random.Random, wording: str) -> dict[str, str]:
-    shapes, names, items = (_CLASSIC, _NAMES, _ITEMS) if wording == "classic" else (_OTHER, _OTHER_NAMES,
-                                                                                     _OTHER_THINGS)
-    op = rng.choice(["*", "+", "-"])
+def _words(wording: str) -> tuple[list[str], list[str]]:
+    return (_NAMES, _ITEMS) if wording == "classic" else (_OTHER_NAMES, _OTHER_THINGS)
+
+
+def _operands(rng: random.Random, op: str, size: str) -> tuple[int, int]:
+    (count, group), summand = SIZES[size]
     if op == "*":
-        a, b = rng.randint(101, 999), rng.randint(12, 99)
-    else:
-        a, b = rng.randint(1001, 9999), rng.randint(1001, 9999)
-        if op == "-" and a < b:
-            a, b = b, a
-    total = {"*": a * b, "+": a + b, "-": a - b}[op]
-    question = rng.choice(shapes[op]).format(a=a, b=b, name=rng.choice(names), item=rng.choice(items))
-    return {"question": question, "answer": f"{a} {op} {b} = {total}\n#### {total}"}
+        return rng.randint(*count), rng.randint(*group)
+    a, b = rng.randint(*summand), rng.randint(*summand)
+    return (b, a) if op == "-" and a < b else (a, b)
+
+
+def _row(question: str, expression: str) -> dict[str, str]:
+    from rlkit.envs.calculator import evaluate
+
+    total = evaluate(expression)
+    return {"question": question, "answer": f"{expression} = {total}\n#### {total}"}
+
+
+def _problem(rng: random.Random, wording: str, size: str) -> dict[str, str]:
+    names, items = _words(wording)
+    op = rng.choice(["*", "+", "-"])
+    a, b = _operands(rng, op, size)
+    shape = rng.choice((_CLASSIC if wording == "classic" else _OTHER)[op])
+    return _row(shape.format(a=a, b=b, name=rng.choice(names), item=rng.choice(items)), f"{a} {op} {b}")
+
+
+def _two_step(rng: random.Random, wording: str, size: str) -> dict[str, str]:
+    names, items = _words(wording)
+    ops = rng.choice(sorted(_CLASSIC2))
+    first, second = ops.split()
+    a, b = _operands(rng, first, size)
+    subtotal = a * b if first == "*" else a + b
+    c = rng.randint(1, subtotal - 1) if second == "-" else _operands(rng, "+", size)[0]
+    shape = (_CLASSIC2 if wording == "classic" else _OTHER2)[ops]
+    return _row(shape.format(a=a, b=b, c=c, name=rng.choice(names), item=rng.choice(items)),
+                f"{a} {first} {b} {second} {c}")
