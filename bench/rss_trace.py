@@ -71,12 +71,16 @@ def main() -> int:
     except OSError as e:
         parser.error(f"cannot start {command[0]!r}: {e.strerror}; give the command to trace after --")
     samples: list[tuple[float, int, int]] = []
+    metrics = args.run / "metrics.jsonl"
     while child.poll() is None:
+        # The step count read before and after the RSS: a sample taken while a step ended (the row written between
+        # the reads, the memory of the step before maybe still held) belongs to neither step, so it is dropped.
+        before = logged_steps(metrics)
         rss = rss_bytes(child.pid)
-        if rss is not None:
-            samples.append((round(time.time() - started, 1), rss, logged_steps(args.run / "metrics.jsonl")))
+        if rss is not None and logged_steps(metrics) == before:
+            samples.append((round(time.time() - started, 1), rss, before))
         time.sleep(args.every)
-    steps = [s for s in per_step(samples) if s["step"] <= logged_steps(args.run / "metrics.jsonl")]
+    steps = [s for s in per_step(samples) if s["step"] <= logged_steps(metrics)]
     for s in steps:
         print(f"step {s['step']:3d}: peak {s['peak_gb']:.2f} GB, lowest {s['low_gb']:.2f} GB ({s['samples']} samples)")
     if len(steps) >= 3:
