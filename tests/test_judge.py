@@ -143,7 +143,7 @@ def test_a_judge_past_its_deadline_is_retried_then_stops(tmp_path):
         started = time.perf_counter()
         with pytest.raises(UserError, match=r"failed after 1 retries \(last: no complete reply within 0.2s\)"):
             call(reward, ["#### 1"], ["1"])
-        assert time.perf_counter() - started < 1.8  # two deadlines and a backoff, not the server's 2 s each
+        assert time.perf_counter() - started < 3.5  # two deadlines and a backoff, not the server's 2 s each (4 s)
         # a server that trickles its answer byte by byte is cut off by the same total deadline
     with ScriptedServer(lambda body: {"trickle": 0.05, "content": "VERDICT: CORRECT"}, model=MODEL) as server:
         reward = resolve_reward("judge", args(server, tmp_path, timeout=0.5, max_retries=0))

@@ -235,7 +235,7 @@ def test_second_build_loads_from_the_cache(synthetic_spec, retriever, index_dir)
 
     started = time.perf_counter()
     again = build_retriever(synthetic_spec, show_progress=False)
-    assert again.built is False and time.perf_counter() - started < 1.0
+    assert again.built is False and time.perf_counter() - started < 3.0  # a load, not a rebuild
     assert (again.key, len(again)) == (retriever.key, len(retriever))
     q = "Which company plans to hire engineers in Lisbon, according to TechCrunch?"
     assert again.search(q, k=5) == retriever.search(q, k=5)
