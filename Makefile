@@ -80,7 +80,8 @@ test-trl-top:
 	$(OFFLINE) $(VENV_TOP)/bin/python -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(TRL_TOP_TESTS) $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct: base eval -> SFT -> eval -> GRPO -> eval on the 8 arith-suite sets and GSM8K's 100 easiest,
-# then IFEval on all three (49 min wall on 2 cores under load 2-5 at 79585c5, peak RSS 3.28 GB: /usr/bin/time -v).
+# then IFEval on all three (1 h 53 min wall on 2 cores beside other jobs, load 3-5, at 4b8363a; peak RSS 3.08 GB:
+# /usr/bin/time -v).
 demo: install
 	$(OFFLINE) $(BIN)/rlkit demo
 
