@@ -30,6 +30,12 @@ def test_generator_arguments_bound_the_problems():
     assert all(len(r["answer"].splitlines()) == 2 for r in rows)
     with pytest.raises(UserError, match="data.generator"):
         load_rows("gsm8k", DataSource(synthetic=5, generator={"difficulty": 3}))
+    # a knob's value the generator refuses: one line naming the knob and its choices, not a ValueError traceback
+    for task, knob, message in (("calc", {"steps": 3}, "steps must be 1 or 2, not 3"),
+                                ("calc", {"size": "huge"}, "size must be one of small, standard, large"),
+                                ("gsm8k", {"wording": "pirate"}, "wording must be 'classic' or 'other'")):
+        with pytest.raises(UserError, match=rf"^data.generator: {message}.*\(task '{task}'\)$"):
+            load_rows(task, DataSource(synthetic=5, generator=knob))
 
 
 def test_rows_for_sft_and_grpo():

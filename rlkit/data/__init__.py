@@ -129,7 +129,10 @@ def load_rows(task_name: str, source: DataSource):
             inspect.signature(task.generate).bind(source.synthetic, seed=source.seed, **source.generator)
         except TypeError as e:
             raise UserError(f"data.generator: {e} (task {task_name!r})") from None
-        ds = task.generate(source.synthetic, seed=source.seed, **source.generator)
+        try:
+            ds = task.generate(source.synthetic, seed=source.seed, **source.generator)
+        except ValueError as e:  # a knob's value the generator refuses (its message names the knob and the choices)
+            raise UserError(f"data.generator: {e} (task {task_name!r})") from None
     else:
         ds = task.load(source)
     return _limited(ds, source)
