@@ -19,10 +19,11 @@ from rlkit.data.gsm8k import episode_metrics, gold, load, score, success  # noqa
 
 # The tool call is shown by example (``SHOTS``): SmolLM2-135M copies a format from worked turns far more
 # reliably than from an instruction.
+_CALCULATOR = "Use the `calculate` tool for the arithmetic, then answer `#### <number>`."
 PROMPTS = {
-    "calculator": "Use the `calculate` tool for the arithmetic, then answer `#### <number>`.",
+    "calculator": _CALCULATOR,
     # Other prompt forms (the `calc` eval suite): the system line alone, and another line with other worked turns.
-    "calculator-zero": "Use the `calculate` tool for the arithmetic, then answer `#### <number>`.",
+    "calculator-zero": _CALCULATOR,
     "calculator-alt": "You have a calculator. Call `calculate` with the expression, then give the result as "
                       "`#### <number>`.",
 }
