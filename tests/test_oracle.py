@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rlkit.recipe.catalogue import recipes_dir
 from tests.scripted_server import ScriptedServer
 
@@ -31,6 +33,7 @@ def test_oracle_teacher_passes_the_same_success_filter_as_an_endpoint(tmp_path, 
     from rlkit.agents.rollout import rollout
     from rlkit.analyze import main as analyze_main
     from rlkit.recipe import load_recipe
+    from rlkit.rewards.qa import qa_correct
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     overrides = ["data.eval.synthetic=16"]
@@ -47,9 +50,17 @@ def test_oracle_teacher_passes_the_same_success_filter_as_an_endpoint(tmp_path, 
         assert o["id"] == e["id"] and o["success"] == e["success"]
         assert o["metrics"] == e["metrics"] and o["reward"] == e["reward"]
         assert [c["arguments"] for c in o["tool_calls"]] == [c["arguments"] for c in e["tool_calls"]]
-    # Two hops for every typed question, none for a null one; most hops find their evidence.
+    # Two hops for every typed question, one look for a null one; most hops find their evidence.
     for r in records["oracle"]:
-        assert r["metrics"]["searches"] == (0 if r["question_type"] == "null_query" else 2)
+        assert r["metrics"]["searches"] == (1 if r["question_type"] == "null_query" else 2)
+    # What the teacher shows is what the search recipe's RL reward pays (at least one search, then the answer):
+    # a success scores its own F1, none scores 0 for a missing search.
+    search_reward = {"scale": 1.0, "metric": "f1", "min_tool_calls": 1}
+    assert search_reward in [r.args for r in load_recipe(recipes_dir() / "smol_search_grpo.yaml").rewards]
+    for r in records["oracle"]:
+        last_user = max(i for i, m in enumerate(r["messages"]) if m["role"] == "user")
+        paid = qa_correct([r["messages"][last_user + 1:]], [r["answer"]], **search_reward)
+        assert paid == [pytest.approx(r["metrics"]["f1"])] and (paid[0] == 1.0 or not r["success"])
     assert oracle["successes"] == endpoint["successes"] and 8 <= oracle["successes"] <= 16
     assert oracle["sft_rows"] == endpoint["sft_rows"] == oracle["successes"]
     sft = {name: _read(tmp_path / f"{name}_sft.jsonl") for name in records}
@@ -60,13 +71,16 @@ def test_oracle_teacher_passes_the_same_success_filter_as_an_endpoint(tmp_path, 
 
 
 def test_hop_query_keeps_the_question_words_found_in_the_evidence():
-    from rlkit.agents.oracle import hop_query
+    from rlkit.agents.oracle import hop_query, look_query
 
     evidence = {"fact": "Norvia Systems reported quarterly revenue of $120 million, up 12% from a year earlier.",
                 "title": "Norvia Systems unveils the Pulse", "source": "TechCrunch"}
     question = "Did TechCrunch report higher revenue growth for Norvia Systems than Wired reported for Lumenion Labs?"
     assert hop_query(question, evidence) == "TechCrunch revenue Norvia Systems"
     assert hop_query("Who is it?", {"fact": "Nothing shared here."}) == "Nothing shared here."
+    assert look_query("What price did Fortune give for the Echo 4 made by Tavish Games?") == \
+        "price Fortune give Echo 4 made Tavish Games"
+    assert look_query("Who is it?") == "Who is it?"  # nothing but stop words: the question itself
 
 
 def _read(path):

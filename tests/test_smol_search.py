@@ -61,7 +61,7 @@ def test_two_grpo_steps_with_retrieval_mask_exactly_the_tool_text_and_train_only
                  "data.train.synthetic=8", "retrieval.top_k=1",  # one passage per search: small, fast steps
                  "eval.agent_limit=2"]  # the recipe's agent eval (step 0 and the end) on 2 questions, not 20
     recipe = load_recipe(GRPO, overrides)
-    gold = oracle_gold(recipe, "train", None)  # 8 questions: two hops each but the 2 null ones
+    gold = oracle_gold(recipe, "train", None)  # 8 questions: two hops each, one search for the 2 null ones
     trainer, tok = build_trainer(recipe, tmp_path)
     batches = _script_oracle(trainer, tok, gold)
     lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}

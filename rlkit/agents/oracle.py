@@ -9,14 +9,17 @@ one for the other and nothing else changes.
 Each hop's query is what a student can learn to write: the question's own words that also occur in
 that evidence (its fact sentence, title or outlet), in the question's order; the fact itself when no
 word is shared. For a corpus whose gold is only ``supporting_ids`` (bring-your-own data), the query is
-the supporting title. The oracle does not read the search results: an episode whose search missed the
-evidence still answers, and the success filter decides, as for any teacher.
+the supporting title. A question with neither (MultiHop-RAG's null queries) gets one search for its own
+words before the answer: "the corpus does not say" is then something the agent looked for, and the rows
+teach what a ``min_tool_calls: 1`` reward pays for (without that search, RL scored the taught behaviour 0).
+The oracle does not read the search results: an episode whose search missed the evidence still answers,
+and the success filter decides, as for any teacher.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlkit.agents.episodes import Turn
@@ -62,13 +65,24 @@ def hop_query(question: str, evidence: dict[str, Any]) -> str:
     """The question's words found in this evidence (fact, title, outlet), in the question's order."""
     fields = (str(evidence.get(field) or "") for field in ("fact", "title", "source"))
     haystack = {w.lower() for text in fields for w in _WORD.findall(text)}
+    return (" ".join(_content_words(question, haystack.__contains__))
+            or str(evidence.get("fact") or evidence.get("title") or question))
+
+
+def look_query(question: str) -> str:
+    """The question's own words, in order: the search for a question whose answer the corpus may not hold."""
+    return " ".join(_content_words(question)) or question
+
+
+def _content_words(question: str, keep: Callable[[str], bool] = lambda key: True) -> list[str]:
+    """The question's words that ``keep`` accepts (by lower-case form), stop words and repeats dropped."""
     words, seen = [], set()
     for word in _WORD.findall(question):
         key = word.lower().rstrip("?")
-        if key in haystack and key not in _STOP and key not in seen:
+        if keep(key) and key not in _STOP and key not in seen:
             words.append(word.rstrip("?"))
             seen.add(key)
-    return " ".join(words) or str(evidence.get("fact") or evidence.get("title") or question)
+    return words
 
 
 def oracle_gold(recipe: Recipe, split: str, limit: int | None) -> dict[str, dict[str, Any]]:
@@ -90,6 +104,6 @@ def oracle_gold(recipe: Recipe, split: str, limit: int | None) -> dict[str, dict
         question = next(m["content"] for m in reversed(row["prompt"]) if m["role"] == "user")
         evidence = source_row.get("evidence_list") or []
         searches = ([hop_query(question, e) for e in evidence] if evidence
-                    else [str(t) for t in row.get("supporting_ids") or []])
+                    else [str(t) for t in row.get("supporting_ids") or []] or [look_query(question)])
         gold[question] = {"searches": searches, "answer": row["answer"]}
     return gold
