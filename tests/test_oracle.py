@@ -115,3 +115,31 @@ def test_multihop_rows_carry_their_evidence_articles_and_episodes_score_evidence
             overrides=overrides)
     recalls = [json.loads(line)["metrics"].get("evidence_recall") for line in (tmp_path / "oracle.jsonl").open()]
     assert recalls == [None if not r["supporting_ids"] else 1.0 for r in rows]
+
+
+def test_rollout_warns_when_successful_teacher_episodes_earn_nothing_from_the_rl_reward(smollm2_dir, tmp_path,
+                                                                                       capsys):
+    """A teacher that says "Insufficient information." without searching is right (a success, an SFT row), but
+    smol_search_grpo's qa_correct (min_tool_calls: 1) pays it 0: the rollout names the reward and the count."""
+    from rlkit.agents.oracle import oracle_gold
+    from rlkit.agents.rollout import print_summary, rollout
+    from rlkit.recipe import load_recipe
+
+    search = recipes_dir() / "smol_search_grpo.yaml"
+    overrides = ["data.eval.synthetic=8"]
+    gold = oracle_gold(load_recipe(search, overrides), "eval", None)
+    no_look = {q: g | {"searches": []} if g["answer"] == "Insufficient information." else g for q, g in gold.items()}
+    assert sum(not g["searches"] for g in no_look.values()) == 2
+    results = {}
+    for name, moves in (("oracle", gold), ("no_look", no_look)):
+        with ScriptedServer(_endpoint_like(moves)) as server:
+            results[name] = rollout(search, endpoint=server.url, out=tmp_path / f"{name}.jsonl",
+                                    sft_out=tmp_path / f"{name}_sft.jsonl", show_progress=False, overrides=overrides)
+    assert results["oracle"]["unpaid"] == {} and results["no_look"]["unpaid"] == {"qa_correct": 2}
+    assert results["no_look"]["sft_rows"] == results["no_look"]["successes"] >= 6  # the filter keeps them
+    capsys.readouterr()
+    assert print_summary(results["no_look"])
+    err = capsys.readouterr().err
+    assert "warning: 2 of" in err and "reward qa_correct" in err and "min_tool_calls" in err
+    print_summary(results["oracle"])
+    assert "warning" not in capsys.readouterr().err

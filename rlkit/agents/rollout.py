@@ -13,7 +13,7 @@ from rlkit.agents.endpoint import transport_failures
 from rlkit.agents.engine import run_episodes
 from rlkit.agents.episodes import Episode
 from rlkit.agents.policies import make_policy
-from rlkit.agents.scoring import score_episodes, sft_records
+from rlkit.agents.scoring import score_episodes, sft_records, unpaid_successes
 from rlkit.errors import UserError
 from rlkit.inference.reference import model_tag, resolve_target
 
@@ -71,7 +71,8 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
         records = in_row_order(path, rows)
     result: dict[str, Any] = {"path": str(path), "episodes": len(records),
                               "successes": sum(r["success"] for r in records),
-                              "transport_failures": transport_failures(records)}
+                              "transport_failures": transport_failures(records),
+                              "unpaid": unpaid_successes(records)}
     if sft_out is not None:
         from rlkit.envs import tool_schemas
 
@@ -148,6 +149,10 @@ def print_summary(result: dict[str, Any]) -> bool:
     console.print(f"{result['episodes']} episodes, {result['successes']} successful: {result['path']}")
     if "sft_path" in result:
         console.print(f"{result['sft_rows']} successful trajectories as SFT rows: {result['sft_path']}")
+    for name, n in result.get("unpaid", {}).items():
+        print(f"rlkit: warning: {n} of {result['successes']} successful episodes earn 0 from the reward {name}, "
+              "which pays the other successes: SFT on them teaches what the recipe's RL stage does not pay for "
+              "(compare the reward's args, such as min_tool_calls, with those episodes)", file=sys.stderr)
     failed = sum(result["transport_failures"].values())
     if failed * 2 <= result["episodes"]:
         return True

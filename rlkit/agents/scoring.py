@@ -56,6 +56,20 @@ def evidence_recall(episode: Episode) -> dict[str, float]:
     return {"evidence_recall": len(gold & found) / len(gold)}
 
 
+def unpaid_successes(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Per reward, how many successful episodes it scores 0 while it pays other successful ones: SFT rows built
+    from them teach what the recipe's RL reward does not pay for (a ``min_tool_calls`` or a format the
+    teacher's episodes lack), and RL then pushes the SFT model away from its own lesson."""
+    succeeded = [r for r in records if r["success"]]
+    unpaid = {}
+    for name in sorted({name for r in succeeded for name in r["rewards"]}):
+        values = [r["rewards"].get(name) for r in succeeded]
+        zeros = sum(1 for v in values if v == 0)
+        if zeros and any(v is not None and v > 0 for v in values):
+            unpaid[name] = zeros
+    return unpaid
+
+
 def sft_records(records: list[dict[str, Any]], tools: list[dict]) -> list[dict[str, Any]]:
     """SFT rows (``messages`` plus ``tools``, a JSON string as TRL reads it) from the successful trajectories
     whose every tool call succeeded: a malformed or failed call is not a behaviour to teach."""
