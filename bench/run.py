@@ -21,9 +21,8 @@ CPU_BENCHMARKS = ("help", "rewards", "retrieval", "rollout", "overhead", "genera
 
 
 def summary(seconds: dict[str, float]) -> str:
-    docs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
-    order = {name: i for i, name in enumerate((*CPU_BENCHMARKS, "gpu"))}
-    docs.sort(key=lambda d: order.get(d["name"], len(order)))
+    # The benchmarks' own results only: other JSON there (bench/rss_trace.py's traces) has no figures.
+    docs = [json.loads(p.read_text()) for name in (*CPU_BENCHMARKS, "gpu") if (p := RESULTS / f"{name}.json").is_file()]
     figures = [{**f, "bench": f"[{d['name']}]({d['name']}.md)"} for d in docs for f in d["figures"]]
     machines = sorted({machine_line(d["machine"], when=False) for d in docs})
     runs = table("When each ran", ["benchmark", "date (UTC)", "git", "CPU share used by other processes"],
