@@ -143,3 +143,22 @@ def test_rollout_warns_when_successful_teacher_episodes_earn_nothing_from_the_rl
     assert "warning: 2 of" in err and "reward qa_correct" in err and "min_tool_calls" in err
     print_summary(results["oracle"])
     assert "warning" not in capsys.readouterr().err
+
+
+def test_unpaid_successes_counts_only_rewards_that_pay_other_successes():
+    from rlkit.agents.scoring import unpaid_successes
+    from rlkit.recipe import load_recipe
+
+    recipe = load_recipe(recipes_dir() / "smol_search_grpo.yaml")
+    records = [{"success": True, "rewards": {"qa_correct": 0.0, "answer_format": 0.5}},
+               {"success": True, "rewards": {"qa_correct": 1.0, "answer_format": 0.5}},
+               {"success": False, "rewards": {"qa_correct": 0.0, "answer_format": 0.0}}]
+    assert unpaid_successes(records, recipe) == {"qa_correct": 1}
+
+    def weighted(weight):
+        specs = [s.model_copy(update={"weight": weight}) if s.name == "qa_correct" else s for s in recipe.rewards]
+        return recipe.model_copy(update={"rewards": specs})
+
+    assert unpaid_successes(records, weighted(0.0)) == {}  # logged only: it pays nobody
+    assert unpaid_successes(records, weighted(-1.0)) == {}  # a penalty: 0 is its best score
+    assert unpaid_successes(records[1:], recipe) == {}  # every success paid

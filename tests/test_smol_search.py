@@ -77,7 +77,7 @@ def test_two_grpo_steps_with_retrieval_mask_exactly_the_tool_text_and_train_only
             model_text, tool_text = tok.decode(ids[keep & tool.bool()]), tok.decode(ids[keep & ~tool.bool()])
             calls = [json.loads(c.partition("\n</tool_call>")[0]) for c in model_text.split("<tool_call>\n")[1:]]
             if len(calls) < 2:
-                continue  # a null question: no search
+                continue  # a null question: one search for its own words
             two_search += 1
             results = [env.search(c["arguments"]["query"]) for c in calls]
             # What the model wrote: the two calls and the answer. Masked: exactly the two tool turns.

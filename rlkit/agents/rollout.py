@@ -72,7 +72,7 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
     result: dict[str, Any] = {"path": str(path), "episodes": len(records),
                               "successes": sum(r["success"] for r in records),
                               "transport_failures": transport_failures(records),
-                              "unpaid": unpaid_successes(records)}
+                              "unpaid": unpaid_successes(records, recipe)}
     if sft_out is not None:
         from rlkit.envs import tool_schemas
 

@@ -56,13 +56,20 @@ def evidence_recall(episode: Episode) -> dict[str, float]:
     return {"evidence_recall": len(gold & found) / len(gold)}
 
 
-def unpaid_successes(records: list[dict[str, Any]]) -> dict[str, int]:
-    """Per reward, how many successful episodes it scores 0 while it pays other successful ones: SFT rows built
-    from them teach what the recipe's RL reward does not pay for (a ``min_tool_calls`` or a format the
-    teacher's episodes lack), and RL then pushes the SFT model away from its own lesson."""
+def unpaid_successes(records: list[dict[str, Any]], recipe: Recipe) -> dict[str, int]:
+    """Per reward of the recipe with a positive weight, how many successful episodes it scores 0 while it pays
+    other successful ones: SFT rows built from them teach what the recipe's RL reward does not pay for (a
+    ``min_tool_calls`` or a format the teacher's episodes lack), and RL then pushes the SFT model away from its
+    own lesson. Penalties (negative weights) and logged-only rewards (weight 0) are not counted."""
+    from rlkit.rewards import RewardSet
+
+    if not recipe.rewards:
+        return {}
+    rewards = RewardSet(recipe.rewards)
+    paying = [name for name, weight in zip(rewards.names, rewards.weights, strict=True) if weight > 0]
     succeeded = [r for r in records if r["success"]]
     unpaid = {}
-    for name in sorted({name for r in succeeded for name in r["rewards"]}):
+    for name in paying:
         values = [r["rewards"].get(name) for r in succeeded]
         zeros = sum(1 for v in values if v == 0)
         if zeros and any(v is not None and v > 0 for v in values):
