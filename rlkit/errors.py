@@ -9,6 +9,11 @@ class UserError(Exception):
     """A problem with the user's input, with the message they need to fix it."""
 
 
+class BadValue(UserError, ValueError):
+    """An argument outside what it accepts, named with its choices (a generator's ``wording``, ``size``, ``ops``):
+    a ``ValueError`` to a Python caller, one line to the CLI. A plain ``ValueError`` stays a bug."""
+
+
 class Interrupted(Exception):
     """Training stopped on SIGINT/SIGTERM after saving a checkpoint; the message says how to resume."""
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlkit.data import gsm8k, load_rows
+from rlkit.data import calc, gsm8k, load_rows
 from rlkit.errors import UserError
 from rlkit.recipe import DataSource
 from rlkit.rewards.math import gsm8k_correct
@@ -36,6 +36,23 @@ def test_generator_arguments_bound_the_problems():
                                 ("gsm8k", {"wording": "pirate"}, "wording must be 'classic' or 'other'")):
         with pytest.raises(UserError, match=rf"^data.generator: {message}.*\(task '{task}'\)$"):
             load_rows(task, DataSource(synthetic=5, generator=knob))
+    # multihop's knob reaches the corpus generator: too many articles is the same one-line error
+    with pytest.raises(UserError, match=r"^data.generator: at most \d+ synthetic articles, got 100000"):
+        load_rows("multihop_rag", DataSource(synthetic=5, generator={"articles": 100000}))
+
+
+def test_a_bug_inside_a_generator_keeps_its_traceback(monkeypatch):
+    """Only a refused knob (``BadValue``) becomes a one-line error; any other ValueError is a bug and stays one."""
+    def broken(n, seed=0, **knobs):
+        return int("not a number")
+
+    # a refused knob is a ValueError to a Python caller of the generator
+    with pytest.raises(ValueError, match="steps must be 1 or 2"):
+        calc.generate(2, steps=3)
+    monkeypatch.setattr(calc, "generate", broken)
+    with pytest.raises(ValueError, match="invalid literal") as raised:
+        load_rows("calc", DataSource(synthetic=5))
+    assert not isinstance(raised.value, UserError)
 
 
 def test_rows_for_sft_and_grpo():

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlkit.data import calc, gsm8k, hh_rlhf, multihop_rag, preference, qa, sft
-from rlkit.errors import UserError
+from rlkit.errors import BadValue, UserError
 from rlkit.registry import Registry, did_you_mean
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def load_rows(task_name: str, source: DataSource):
             raise UserError(f"data.generator: {e} (task {task_name!r})") from None
         try:
             ds = task.generate(source.synthetic, seed=source.seed, **source.generator)
-        except ValueError as e:  # a knob's value the generator refuses (its message names the knob and the choices)
+        except BadValue as e:  # a knob's value the generator refuses (its message names the knob and the choices)
             raise UserError(f"data.generator: {e} (task {task_name!r})") from None
     else:
         ds = task.load(source)

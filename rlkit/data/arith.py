@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import random
 
+from rlkit.errors import BadValue
+
 _NAMES = ["Tom", "Mia", "Ravi", "Ana", "Leo", "Sara", "Ken", "Ines", "Omar", "Lucy", "Ben", "Zoe"]
 _ITEMS = ["apples", "books", "marbles", "stickers", "pencils", "cookies", "cards", "shells", "coins", "eggs"]
 _GAIN = ["buys {n} more", "finds {n} more", "gets {n} more from a friend", "is given {n} more"]
@@ -34,13 +36,13 @@ def generate(n: int, seed: int = 0, max_value: int = 20, max_steps: int = 2, wor
     import datasets
 
     if wording not in ("classic", "other"):
-        raise ValueError(f"wording must be 'classic' or 'other', not {wording!r}")
+        raise BadValue(f"wording must be 'classic' or 'other', not {wording!r}")
     if not ops or set(ops) - set(OPS):
-        raise ValueError(f"ops must be some of {OPS!r}, not {ops!r}")
+        raise BadValue(f"ops must be some of {OPS!r}, not {ops!r}")
     if not 1 <= min_value < max_value:
-        raise ValueError(f"need 1 <= min_value < max_value, not {min_value} and {max_value}")
+        raise BadValue(f"need 1 <= min_value < max_value, not {min_value} and {max_value}")
     if max_factor < 2:
-        raise ValueError(f"max_factor must be at least 2, not {max_factor}")
+        raise BadValue(f"max_factor must be at least 2, not {max_factor}")
     rng = random.Random(seed)
     make = _problem if wording == "classic" else _other_problem
     rows = [make(rng, max_value, max_steps, min_value, ops, max_factor) for _ in range(n)]

@@ -16,6 +16,7 @@ import random
 from typing import Any
 
 from rlkit.data.gsm8k import episode_metrics, gold, load, score, success  # noqa: F401 (the task contract)
+from rlkit.errors import BadValue
 
 # The tool call is shown by example (``SHOTS``): SmolLM2-135M copies a format from worked turns far more
 # reliably than from an instruction.
@@ -152,11 +153,11 @@ def generate(n: int, seed: int = 0, wording: str = "classic", size: str = "stand
     import datasets
 
     if wording not in ("classic", "other"):
-        raise ValueError(f"wording must be 'classic' or 'other', not {wording!r}")
+        raise BadValue(f"wording must be 'classic' or 'other', not {wording!r}")
     if size not in SIZES:
-        raise ValueError(f"size must be one of {', '.join(SIZES)}, not {size!r}")
+        raise BadValue(f"size must be one of {', '.join(SIZES)}, not {size!r}")
     if steps not in (1, 2):
-        raise ValueError(f"steps must be 1 or 2, not {steps!r}")
+        raise BadValue(f"steps must be 1 or 2, not {steps!r}")
     rng = random.Random(seed)
     make = _problem if steps == 1 else _two_step
     return datasets.Dataset.from_list([make(rng, wording, size) for _ in range(n)])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from rlkit.errors import BadValue
 from rlkit.retrieval.dates import readable_date
 
 VERSION = "synthetic-news-v1"  # part of the index cache key: bump when the generated text changes
@@ -75,7 +76,7 @@ def articles(n: int, seed: int = 0) -> list[dict[str, Any]]:
     names = [f"{p}{s} {k}" for p, s, k in itertools.product(_PREFIXES, _SUFFIXES, _CATEGORIES)]
     n_companies = max(2, -(-n // 3))
     if n_companies > len(names):
-        raise ValueError(f"at most {3 * len(names)} synthetic articles, got {n}")
+        raise BadValue(f"at most {3 * len(names)} synthetic articles, got {n}")
     companies = [{"company": name, "category": _CATEGORIES[name.split()[-1]], "city": rng.choice(_CITIES),
                   "ceo": f"{rng.choice(_FIRST)} {rng.choice(_LAST)}",
                   "product": f"{rng.choice(_PRODUCTS)} {rng.randint(2, 9)}",
@@ -106,7 +107,7 @@ def queries(corpus: list[dict[str, Any]], n: int, seed: int = 0, wording: str = 
     """`n` questions in MultiHopRAG.json's format over `articles(...)` output, cycling through the four types;
     ``wording`` is ``classic`` or ``other`` (same answers and evidence for the same seed, other sentences)."""
     if wording not in ("classic", "other"):
-        raise ValueError(f"wording must be 'classic' or 'other', not {wording!r}")
+        raise BadValue(f"wording must be 'classic' or 'other', not {wording!r}")
     other = wording == "other"
     rng = random.Random(seed)
     by_company: dict[str, list[_Article]] = {}
@@ -115,7 +116,7 @@ def queries(corpus: list[dict[str, Any]], n: int, seed: int = 0, wording: str = 
         by_company.setdefault(facts["company"], []).append(_Article(article, facts, other))
     multi = [group for group in by_company.values() if len(group) >= 2]
     if not multi or len(by_company) < 2:
-        raise ValueError("synthetic queries need at least 4 articles")
+        raise BadValue("synthetic queries need at least 4 articles")
     out = []
     for i in range(n):
         kind = QUESTION_TYPES[i % len(QUESTION_TYPES)]
