@@ -83,6 +83,33 @@ def test_hop_query_keeps_the_question_words_found_in_the_evidence():
     assert look_query("Who is it?") == "Who is it?"  # nothing but stop words: the question itself
 
 
+def test_cite_quotes_each_hop_evidence_as_the_search_showed_it_then_answers_and_scores_the_same(smollm2_dir,
+                                                                                                 tmp_path):
+    """--cite on the search agent's recipe: the answer turn first copies each hop's evidence line ("Outlet, date:
+    fact") from what the search returned, then answers; rewards, success and SFT rows are the plain oracle's."""
+    from rlkit.agents.rollout import rollout
+    from rlkit.errors import UserError
+
+    search = recipes_dir() / "smol_search_grpo.yaml"
+    overrides = ["data.eval.synthetic=8"]
+    runs = {cite: rollout(search, oracle=True, cite=cite, out=tmp_path / f"{cite}.jsonl",
+                          sft_out=tmp_path / f"{cite}_sft.jsonl", show_progress=False, overrides=overrides)
+            for cite in (False, True)}
+    plain, cited = (_read(runs[cite]["path"]) for cite in (False, True))
+    assert runs[True]["sft_rows"] == runs[False]["sft_rows"] == 8
+    for p, c in zip(plain, cited, strict=True):
+        assert (c["reward"], c["success"], c["metrics"]) == (p["reward"], p["success"], p["metrics"])
+        *notes, answer = c["messages"][-1]["content"].split("\n")
+        assert answer == p["messages"][-1]["content"] == f"<answer>{c['answer']}</answer>"
+        assert len(notes) == (0 if c["question_type"] == "null_query" else 2)
+        results = "\n".join(m["content"] for m in c["messages"] if m["role"] == "tool")
+        for note in notes:  # "TechCrunch, December 16, 2023: The Atlas 8 will sell for $1199 ..."
+            byline, fact = note.split(": ", 1)
+            assert f"({byline})" in results and fact in results
+    with pytest.raises(UserError, match="--cite is how the oracle teacher answers"):
+        rollout(search, cite=True, show_progress=False, overrides=overrides)
+
+
 def _read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 

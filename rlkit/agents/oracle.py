@@ -14,6 +14,11 @@ words before the answer: "the corpus does not say" is then something the agent l
 teach what a ``min_tool_calls: 1`` reward pays for (without that search, RL scored the taught behaviour 0).
 The oracle does not read the search results: an episode whose search missed the evidence still answers,
 and the success filter decides, as for any teacher.
+
+With ``cite`` (``rlkit rollout --oracle --cite``) the answer turn first quotes each hop's evidence the way the
+search results show it ("Wired, November 9, 2023: Hexawave Systems reported ... up 24% ..."), then answers: a
+student that copies the two facts before its Yes/No has the numbers or dates to compare next to the answer,
+instead of one answer per question shape.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ _WORD = re.compile(r"[A-Za-z0-9$%][\w$%'-]*")
 
 class OraclePolicy:
     """Gold searches, then the gold answer; ``gold`` maps a question (the prompt's last user message) to
-    ``{"searches": [query, ...], "answer": str}``."""
+    ``{"searches": [query, ...], "answer": str}`` and optionally ``"notes": [line, ...]``, written before the
+    answer."""
 
     concurrent = False
 
@@ -58,7 +64,8 @@ class OraclePolicy:
             call = {"type": "function", "function": {"name": "search",
                                                     "arguments": {"query": gold["searches"][done]}}}
             return Turn({"role": "assistant", "content": "", "tool_calls": [call]}, finish_reason="tool_calls")
-        return Turn({"role": "assistant", "content": f"<answer>{gold['answer']}</answer>"})
+        notes = "".join(f"{note}\n" for note in gold.get("notes", ()))
+        return Turn({"role": "assistant", "content": f"{notes}<answer>{gold['answer']}</answer>"})
 
 
 def hop_query(question: str, evidence: dict[str, Any]) -> str:
@@ -85,8 +92,20 @@ def _content_words(question: str, keep: Callable[[str], bool] = lambda key: True
     return words
 
 
-def oracle_gold(recipe: Recipe, split: str, limit: int | None) -> dict[str, dict[str, Any]]:
-    """Gold searches and answers for the split's questions, keyed by the question as the prompt shows it."""
+def evidence_note(evidence: dict[str, Any]) -> str | None:
+    """One hop's evidence as a line the student can copy from the search result: "Outlet, date: fact"."""
+    from rlkit.retrieval.corpus import byline
+
+    fact = str(evidence.get("fact") or "").strip()
+    if not fact:
+        return None
+    by = byline(evidence.get("source"), evidence.get("published_at"))
+    return f"{by}: {fact}" if by else fact
+
+
+def oracle_gold(recipe: Recipe, split: str, limit: int | None, cite: bool = False) -> dict[str, dict[str, Any]]:
+    """Gold searches and answers for the split's questions, keyed by the question as the prompt shows it;
+    with ``cite``, each hop's evidence note goes before the answer."""
     from rlkit.data import load_rows, task_rows
 
     source = recipe.data.eval if split == "eval" else recipe.data.train
@@ -106,4 +125,6 @@ def oracle_gold(recipe: Recipe, split: str, limit: int | None) -> dict[str, dict
         searches = ([hop_query(question, e) for e in evidence] if evidence
                     else [str(t) for t in row.get("supporting_ids") or []] or [look_query(question)])
         gold[question] = {"searches": searches, "answer": row["answer"]}
+        if cite:
+            gold[question]["notes"] = [note for note in map(evidence_note, evidence) if note]
     return gold

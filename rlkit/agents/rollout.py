@@ -29,7 +29,8 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
             limit: int | None = None, out: str | Path | None = None, sft_out: str | Path | None = None,
             temperature: float = 0.0, max_new_tokens: int | None = None, tool_timeout: float = 30.0,
             timeout: float = 120.0, retries: int = 2, smoke: bool = False, overrides: list[str] | None = None,
-            show_progress: bool = True, resume: bool = False, oracle: bool = False) -> dict[str, Any]:
+            show_progress: bool = True, resume: bool = False, oracle: bool = False,
+            cite: bool = False) -> dict[str, Any]:
     """Run the recipe's agent (or ``oracle``, the teacher of :mod:`rlkit.agents.oracle`) on a split; append each
     finished episode to ``trajectories.jsonl`` (and the successful ones as SFT rows at the end).
     ``resume`` plays only the rows ``out`` does not hold yet."""
@@ -40,6 +41,8 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
         raise UserError("--endpoint generates on the server; drop --model/--backend")
     if oracle and (endpoint or model or backend != "hf"):
         raise UserError("--oracle is the teacher; drop --endpoint/--model/--backend")
+    if cite and not oracle:
+        raise UserError("--cite is how the oracle teacher answers; add --oracle, or drop --cite")
     if sft_out is not None:
         safety.check_target(sft_out, "--sft-out")
         if Path(sft_out).exists():
@@ -59,7 +62,7 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
     if oracle:
         from rlkit.agents.oracle import OraclePolicy, oracle_gold
 
-        policy, label = OraclePolicy(oracle_gold(recipe, split, limit)), "oracle"
+        policy, label = OraclePolicy(oracle_gold(recipe, split, limit, cite=cite)), "oracle"
     else:
         policy, label = make_policy(recipe, run_dir, model=model, endpoint=endpoint, api_key=api_key,
                                     served_model=served_model, backend=backend, temperature=temperature,

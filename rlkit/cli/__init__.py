@@ -196,6 +196,7 @@ def rollout(
     set_: list[str] = SetOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue --out: play only the rows it does not hold yet."),
     oracle: bool = typer.Option(False, "--oracle", help="Teacher that knows the gold evidence (offline --endpoint)."),
+    cite: bool = typer.Option(False, "--cite", help="--oracle quotes each hop's evidence before answering."),
 ) -> None:
     """Run the recipe's tool agent episode by episode; append each to trajectories.jsonl as it ends; summarise."""
     from rlkit.agents.rollout import print_summary
@@ -207,7 +208,7 @@ def rollout(
                          concurrency=concurrency, backend=backend, split=split, limit=limit, out=out, sft_out=sft_out,
                          temperature=temperature, max_new_tokens=max_new_tokens, tool_timeout=tool_timeout,
                          timeout=timeout, retries=retries, smoke=smoke, overrides=set_ or [], resume=resume,
-                         oracle=oracle)
+                         oracle=oracle, cite=cite)
     if not print_summary(result):  # mostly transport failures: the numbers say nothing of the model
         raise typer.Exit(1)
 
