@@ -1,4 +1,5 @@
-"""The one exception type for mistakes a user can fix (bad recipe, flag or file).
+"""The exception type for mistakes a user can fix (bad recipe, flag or file), and ``BadValue``, its kind for an
+argument outside its choices.
 
 The CLI turns a ``UserError`` into one line on stderr and exit code 2; anything else is a
 bug and keeps its traceback.

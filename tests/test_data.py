@@ -33,12 +33,21 @@ def test_generator_arguments_bound_the_problems():
     # a knob's value the generator refuses: one line naming the knob and its choices, not a ValueError traceback
     for task, knob, message in (("calc", {"steps": 3}, "steps must be 1 or 2, not 3"),
                                 ("calc", {"size": "huge"}, "size must be one of small, standard, large"),
-                                ("gsm8k", {"wording": "pirate"}, "wording must be 'classic' or 'other'")):
+                                ("gsm8k", {"wording": "pirate"}, "wording must be 'classic' or 'other'"),
+                                ("gsm8k", {"max_steps": 0}, "max_steps must be at least 1, not 0"),
+                                ("preference", {"max_value": 0}, "max_value must be at least 1, not 0"),
+                                ("hh_rlhf", {"max_value": -3}, "max_value must be at least 1, not -3")):
         with pytest.raises(UserError, match=rf"^data.generator: {message}.*\(task '{task}'\)$"):
             load_rows(task, DataSource(synthetic=5, generator=knob))
     # multihop's knob reaches the corpus generator: too many articles is the same one-line error
     with pytest.raises(UserError, match=r"^data.generator: at most \d+ synthetic articles, got 100000"):
         load_rows("multihop_rag", DataSource(synthetic=5, generator={"articles": 100000}))
+    # and so is the retrieval corpus's own size, named by its key
+    from rlkit.recipe import RetrievalSpec
+    from rlkit.retrieval.corpus import load_documents
+
+    with pytest.raises(UserError, match=r"^retrieval.synthetic: at most \d+ synthetic articles, got 100000$"):
+        load_documents(RetrievalSpec(synthetic=100000))
 
 
 def test_a_bug_inside_a_generator_keeps_its_traceback(monkeypatch):

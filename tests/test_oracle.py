@@ -110,6 +110,30 @@ def test_cite_quotes_each_hop_evidence_as_the_search_showed_it_then_answers_and_
         rollout(search, cite=True, show_progress=False, overrides=overrides)
 
 
+def test_cite_never_quotes_a_fact_the_searches_did_not_return(tmp_path, monkeypatch):
+    """The smoke corpus cuts articles into short chunks, so a search can find an evidence article without the
+    sentence holding its fact: that fact is left out of the answer turn, the others are quoted."""
+    from rlkit.agents.oracle import oracle_gold
+    from rlkit.agents.rollout import rollout
+    from rlkit.recipe import load_recipe
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    overrides = ["data.eval.synthetic=16", "retrieval.top_k=2"]
+    gold = oracle_gold(load_recipe(MULTIHOP, overrides, smoke=True), "eval", None, cite=True)
+    result = rollout(MULTIHOP, oracle=True, cite=True, smoke=True, out=tmp_path / "cited.jsonl",
+                     show_progress=False, overrides=overrides)
+    quoted = dropped = 0
+    for r in _read(result["path"]):
+        last_user = max(i for i, m in enumerate(r["messages"]) if m["role"] == "user")
+        shown = "\n".join(m["content"] for m in r["messages"] if m["role"] == "tool")
+        lines = r["messages"][-1]["content"].split("\n")[:-1]
+        expected = [line for fact, line in gold[r["messages"][last_user]["content"]]["notes"] if fact in shown]
+        assert lines == expected
+        quoted += len(lines)
+        dropped += len(gold[r["messages"][last_user]["content"]]["notes"]) - len(lines)
+    assert quoted > 0 and dropped > 0  # both cases occur in these 16 episodes
+
+
 def _read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 

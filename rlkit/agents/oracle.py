@@ -15,10 +15,11 @@ teach what a ``min_tool_calls: 1`` reward pays for (without that search, RL scor
 The oracle does not read the search results: an episode whose search missed the evidence still answers,
 and the success filter decides, as for any teacher.
 
-With ``cite`` (``rlkit rollout --oracle --cite``) the answer turn first quotes each hop's evidence the way the
-search results show it ("Wired, November 9, 2023: Hexawave Systems reported ... up 24% ..."), then answers: a
-student that copies the two facts before its Yes/No has the numbers or dates to compare next to the answer,
-instead of one answer per question shape.
+With ``cite`` (``rlkit rollout --oracle --cite``) the answer turn first quotes each hop's evidence that the
+episode's searches returned, with its outlet and date as the results show them ("Wired, November 9, 2023:
+Hexawave Systems reported ... up 24% ..."), then answers: a student that copies the two facts before its Yes/No
+has the numbers or dates to compare next to the answer. A fact no search returned is not quoted (a row must not
+teach facts the context lacks).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ _WORD = re.compile(r"[A-Za-z0-9$%][\w$%'-]*")
 
 class OraclePolicy:
     """Gold searches, then the gold answer; ``gold`` maps a question (the prompt's last user message) to
-    ``{"searches": [query, ...], "answer": str}`` and optionally ``"notes": [line, ...]``, written before the
-    answer."""
+    ``{"searches": [query, ...], "answer": str}`` and optionally ``"notes": [(fact, "Outlet, date: fact"), ...]``,
+    each line written before the answer when a search result of the episode holds its fact."""
 
     concurrent = False
 
@@ -64,7 +65,8 @@ class OraclePolicy:
             call = {"type": "function", "function": {"name": "search",
                                                     "arguments": {"query": gold["searches"][done]}}}
             return Turn({"role": "assistant", "content": "", "tool_calls": [call]}, finish_reason="tool_calls")
-        notes = "".join(f"{note}\n" for note in gold.get("notes", ()))
+        shown = "\n".join(str(m.get("content") or "") for m in messages[last_user:] if m["role"] == "tool")
+        notes = "".join(f"{line}\n" for fact, line in gold.get("notes", ()) if fact in shown)
         return Turn({"role": "assistant", "content": f"{notes}<answer>{gold['answer']}</answer>"})
 
 
@@ -92,15 +94,14 @@ def _content_words(question: str, keep: Callable[[str], bool] = lambda key: True
     return words
 
 
-def evidence_note(evidence: dict[str, Any]) -> str | None:
-    """One hop's evidence as a line the student can copy from the search result: "Outlet, date: fact"."""
+def evidence_note(evidence: dict[str, Any]) -> tuple[str, str]:
+    """One hop's fact, and the line the student can copy from the search result: "Outlet, date: fact" (both ""
+    when the evidence names no fact)."""
     from rlkit.retrieval.corpus import byline
 
     fact = str(evidence.get("fact") or "").strip()
-    if not fact:
-        return None
     by = byline(evidence.get("source"), evidence.get("published_at"))
-    return f"{by}: {fact}" if by else fact
+    return fact, (f"{by}: {fact}" if by and fact else fact)
 
 
 def oracle_gold(recipe: Recipe, split: str, limit: int | None, cite: bool = False) -> dict[str, dict[str, Any]]:
@@ -126,5 +127,5 @@ def oracle_gold(recipe: Recipe, split: str, limit: int | None, cite: bool = Fals
                     else [str(t) for t in row.get("supporting_ids") or []] or [look_query(question)])
         gold[question] = {"searches": searches, "answer": row["answer"]}
         if cite:
-            gold[question]["notes"] = [note for note in map(evidence_note, evidence) if note]
+            gold[question]["notes"] = [note for note in map(evidence_note, evidence) if note[0]]
     return gold

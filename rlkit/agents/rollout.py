@@ -31,7 +31,8 @@ def rollout(target: str | Path, *, model: str | None = None, endpoint: str | Non
             timeout: float = 120.0, retries: int = 2, smoke: bool = False, overrides: list[str] | None = None,
             show_progress: bool = True, resume: bool = False, oracle: bool = False,
             cite: bool = False) -> dict[str, Any]:
-    """Run the recipe's agent (or ``oracle``, the teacher of :mod:`rlkit.agents.oracle`) on a split; append each
+    """Run the recipe's agent (or ``oracle``, the teacher of :mod:`rlkit.agents.oracle`, quoting the evidence it
+    found before answering with ``cite``) on a split; append each
     finished episode to ``trajectories.jsonl`` (and the successful ones as SFT rows at the end).
     ``resume`` plays only the rows ``out`` does not hold yet."""
     recipe, run_dir = resolve_target(target, overrides, smoke)

@@ -36,7 +36,8 @@ class Task(Protocol):
 
 @runtime_checkable
 class Generates(Task, Protocol):
-    """A task with a seeded generator in its own format (``data.train: {synthetic: N}``)."""
+    """A task with a seeded generator in its own format (``data.train: {synthetic: N}``). A knob value it refuses
+    raises ``rlkit.errors.BadValue`` (one line to the user); any other exception from it is a bug."""
 
     def generate(self, n: int, seed: int = 0) -> Dataset: ...
 

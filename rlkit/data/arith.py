@@ -41,6 +41,8 @@ def generate(n: int, seed: int = 0, max_value: int = 20, max_steps: int = 2, wor
         raise BadValue(f"ops must be some of {OPS!r}, not {ops!r}")
     if not 1 <= min_value < max_value:
         raise BadValue(f"need 1 <= min_value < max_value, not {min_value} and {max_value}")
+    if max_steps < 1:
+        raise BadValue(f"max_steps must be at least 1, not {max_steps}")
     if max_factor < 2:
         raise BadValue(f"max_factor must be at least 2, not {max_factor}")
     rng = random.Random(seed)

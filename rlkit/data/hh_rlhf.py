@@ -13,7 +13,7 @@ import random
 import re
 from typing import Any
 
-from rlkit.errors import UserError
+from rlkit.errors import BadValue, UserError
 
 log = logging.getLogger("rlkit")
 _TURN = re.compile(r"\n\n(Human|Assistant):[ ]?")
@@ -77,6 +77,8 @@ def generate(n: int, seed: int = 0, max_value: int = 9):
     """``n`` pairs in HH's raw transcript form: a sum answered right (chosen) and wrong (rejected)."""
     import datasets
 
+    if max_value < 1:
+        raise BadValue(f"max_value must be at least 1, not {max_value}")
     rng = random.Random(seed)
     rows = []
     for _ in range(n):

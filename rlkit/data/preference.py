@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rlkit.errors import UserError
+from rlkit.errors import BadValue, UserError
 
 COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -82,6 +82,8 @@ def generate(n: int, seed: int = 0, max_value: int = 9):
     """``n`` conversational pairs: a sum answered right (chosen) and off by a little (rejected)."""
     import datasets
 
+    if max_value < 1:
+        raise BadValue(f"max_value must be at least 1, not {max_value}")
     rng = random.Random(seed)
     rows = []
     for _ in range(n):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlkit.errors import UserError
+from rlkit.errors import BadValue, UserError
 from rlkit.retrieval.dates import readable_date
 from rlkit.retrieval.synthetic import VERSION, articles
 
@@ -54,7 +54,11 @@ class Document:
 def load_documents(spec: Any) -> list[Document]:
     """The documents a `RetrievalSpec` names; a `UserError` for missing files, wrong shapes or no documents."""
     if spec.synthetic is not None:
-        return _from_rows(articles(spec.synthetic, seed=spec.seed), "synthetic corpus", spec, "article")
+        try:
+            generated = articles(spec.synthetic, seed=spec.seed)
+        except BadValue as e:
+            raise UserError(f"retrieval.synthetic: {e}") from None
+        return _from_rows(generated, "synthetic corpus", spec, "article")
     path = _local_file(spec.corpus)
     if path is None:
         docs = _load_hub(spec)

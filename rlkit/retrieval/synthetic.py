@@ -116,7 +116,7 @@ def queries(corpus: list[dict[str, Any]], n: int, seed: int = 0, wording: str = 
         by_company.setdefault(facts["company"], []).append(_Article(article, facts, other))
     multi = [group for group in by_company.values() if len(group) >= 2]
     if not multi or len(by_company) < 2:
-        raise BadValue("synthetic queries need at least 4 articles")
+        raise BadValue("synthetic queries need at least 3 articles")
     out = []
     for i in range(n):
         kind = QUESTION_TYPES[i % len(QUESTION_TYPES)]
