@@ -208,6 +208,44 @@ def test_torch_reports_cpu_bf16_support():
            "torch.ops.mkldnn._is_mkldnn_bf16_supported() no longer answers a bool")
 
 
+HUGE_PAGES = ("import os, sys, torch; from rlkit.compat import torch_huge_pages; torch_huge_pages(); "
+              "keep = [torch.ones(2**21) for _ in range(8)]; "  # 8 tensors of 8 MiB
+              "kb = [int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')]; "
+              "print(os.environ.get('THP_MEM_ALLOC_ENABLE'), kb[0])")
+
+
+def _thp_mode() -> str | None:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else None
+
+
+@pytest.mark.parametrize("preset", [None, "0"])
+def test_torch_backs_large_cpu_tensors_with_huge_pages(preset):
+    import os
+    import subprocess
+    import sys
+
+    mode = _thp_mode()
+    if mode not in ("madvise", "always"):
+        pytest.skip(f"transparent huge pages are {mode or 'not available'} on this machine")
+    if preset == "0" and mode == "always":
+        pytest.skip("THP is 'always': the kernel uses huge pages whatever torch advises")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if preset is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = preset
+    out = subprocess.run([sys.executable, "-c", HUGE_PAGES], capture_output=True, text=True, check=True, env=env)
+    value, huge_kb = out.stdout.split()
+    if preset is None:
+        # 64 MiB of tensors, set after `import torch` (no tensor exists yet): most of it in 2 MiB pages.
+        canary(value == "1" and int(huge_kb) >= 32 * 1024, "torch",
+               f"THP_MEM_ALLOC_ENABLE=1 gave {huge_kb} kB of huge pages for 64 MiB of tensors")
+    else:
+        assert (value, int(huge_kb)) == ("0", 0)  # the user's own setting wins
+
+
 # --- GPU-only libraries ---------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """GRPO memory on CPU (issue 31): freed tensors go back to the OS, and the memory switches change no number.
 
-The peaks themselves are measured by bench/grpo_step.py (bench/results/grpo_step.md), not here.
+The peaks themselves are measured by bench/grpo_step.py (bench/results/grpo_step.md, earlier runs in grpo_step_history.md), not here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from rlkit.doctor import run
 from rlkit.recipe import recipes_dir
 
 # Peak RSS of `rlkit train` per step (GB), measured by bench/grpo_step.py at rlkit's default heap threshold (4 MiB)
-# on a loaded 2-core machine (bench/results/grpo_step.md): `OMP_NUM_THREADS=1 .venv/bin/python bench/grpo_step.py
+# on a loaded 2-core machine (bench/results/grpo_step_history.md): `OMP_NUM_THREADS=1 .venv/bin/python bench/grpo_step.py
 # --one NAME`, NAME the case's id, at git 3ab347c (the LM head reads a contiguous input; before it, each peak
 # held one copy of the head per sequence: arith 2.81, calc 2.10, calc16 2.90 GB).
 MEASURED = [  # (case, recipe, overrides, per-step peaks)

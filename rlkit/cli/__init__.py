@@ -292,6 +292,9 @@ def _refused() -> type[Exception]:
 
 
 def main() -> None:
+    from rlkit.compat import torch_huge_pages
+
+    torch_huge_pages()  # before any tensor exists
     _setup_logging()
     from rlkit.secrets import redact
 

@@ -1,7 +1,7 @@
 """Memory plan on CPU: the peak resident memory (RSS) of `rlkit train`'s GRPO step, from measured costs.
 
 A GRPO step on CPU alternates generation and the loss forward/backward, so the peak is the floor plus the
-larger of the two phases (bench/results/grpo_step.md profiles them). Terms, in bytes:
+larger of the two phases (bench/results/grpo_step_history.md profiles them). Terms, in bytes:
 
 - process: Python, torch, transformers, TRL, PEFT, datasets, rlkit, the tokenizer and the data
 - weights in the recipe's dtype (``auto`` trains in float32 on CPU: rlkit/backends/hf.py); LoRA in float32
@@ -49,7 +49,7 @@ LOGIT_GRADS = 1.6  # logit-sized gradients alive in the backward, besides the ke
 # Fitted to smol_arith_grpo at the default 4 MiB threshold (5ebeb89, 2.81 GB then): its peak less the other terms
 # was 0.69 GB, 2.35 x its heap-sized activations (``heap``). Unchanged since the LM head stopped copying itself
 # (3ab347c), it plans that recipe's new 1.99 GB peak at 2.00, and smol_calc_grpo at -8%, smol_search_grpo at +3%
-# (tests/test_doctor_cpu_plan.py). At 128 KiB it is 0, as the 128 KiB peaks of bench/results/grpo_step.md say.
+# (tests/test_doctor_cpu_plan.py). At 128 KiB it is 0, as the 128 KiB peaks of bench/results/grpo_step_history.md say.
 HEAP_KEPT = 2.35
 
 
@@ -221,7 +221,7 @@ def checks(ctx: Any) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
             f"loss +{est['loss forward/backward']:.2f}) of {ram:.0f} GB RAM")
     if _from_env() == 0:
         what += ("; RLKIT_MMAP_THRESHOLD_KB=0 leaves glibc's heap alone, which the plan does not model (it kept "
-                 "1.1 GB more than the 4 MiB default on smol_arith_grpo: bench/results/grpo_step.md)")
+                 "1.1 GB more than the 4 MiB default on smol_arith_grpo: bench/results/grpo_step_history.md)")
     data = {"ram_gb": round(ram, 1), "estimate": {k: round(v, 3) for k, v in est.items()}}
     if est["total"] <= 0.8 * ram:
         return [Check(F, "plan", "ok", what, data=data)], {"memory plan": table}
