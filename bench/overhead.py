@@ -11,6 +11,10 @@ sides whatever they did; the GRPO run therefore adds a third reward that varies 
 the LoRA update are real and comparable. A right answer always earns it, so `rlkit train`'s pre-launch doctor
 accepts the rewards (a reward that paid a wrong answer more than a right one would be a no-go).
 
+The rlkit side starts as the `rlkit` command does: torch's huge pages for large tensors switched on
+(`rlkit.compat.torch_huge_pages`) before anything else, since rlkit's CPU training pins glibc's heap threshold
+(`rlkit.trainers.cpu_memory`), which without them costs a page fault per 4 KiB of every large tensor.
+
 Each run is a fresh process. torch, transformers, trl, peft and datasets are imported before the clock
 starts on both sides; everything after that counts (rlkit's own imports, recipe validation, data, model
 load, trainer, training, saving, rlkit's run report). The sides alternate, `REPEAT` times for the short runs
@@ -136,6 +140,10 @@ def run_trl(algorithm: str, out: Path, steps: int) -> tuple[list[dict[str, Any]]
 
 def child(side: str, algorithm: str, out: Path, steps: int) -> None:
     """One timed run; prints its result as one JSON line."""
+    if side == "rlkit":  # what the `rlkit` command does first, before any tensor exists (rlkit/cli main)
+        from rlkit.compat import torch_huge_pages
+
+        torch_huge_pages()
     import datasets  # noqa: F401  (the heavy imports both sides share happen before the clock starts)
     import peft  # noqa: F401
     import torch

@@ -97,6 +97,11 @@ def trim_each_step() -> Any:
     from transformers import TrainerCallback
 
     class TrimHeap(TrainerCallback):
+        # Also before the first step: a step-0 agent eval (rlkit.evaluate.during, which runs first) leaves its
+        # generation's freed heap behind, which the first step's peak would otherwise sit on.
+        def on_train_begin(self, args, state, control, **kwargs):
+            libc.malloc_trim(0)
+
         def on_step_end(self, args, state, control, **kwargs):
             libc.malloc_trim(0)
 
