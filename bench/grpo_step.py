@@ -98,7 +98,7 @@ def dominant(name: str, doc: dict) -> str:
     high = max(phases, key=lambda k: phases[k]["peak_bytes"])
     total = last["_step"]["seconds"]
     share = " and ".join(f"{k} {phases[k]['seconds'] / total:.0%}" for k in slow)
-    return (f"{name}: the step's time goes to {share} (of {total:.1f} s); its peak, "
+    return (f"{name}: the last step's time goes to {share} (of {total:.1f} s); its peak, "
             f"{phases[high]['peak_bytes'] / GB:.2f} GB, is in {high}")
 
 
@@ -132,8 +132,9 @@ def body_params() -> int:
 
 def floor_seconds(doc: dict, params: int, gflops: float) -> float:
     """The last step's matmuls at the measured bf16 rate: generation's prefill of the prompts, then the loss
-    forward, its recomputation (gradient checkpointing) and the input-gradient pass over prompt + completion
-    (LoRA's own gradients, attention and decoding left out: a lower bound)."""
+    forward, its recomputation (gradient checkpointing) and the input-gradient pass over prompt + completion.
+    Left out, so a lower bound: decoding, the prefill of each later tool turn, attention, the LM head and LoRA's
+    own matmuls."""
     n = doc["lengths"][-1]
     tokens = n["batch"] * n["prompt_width"] + 3 * n["batch"] * (n["prompt_width"] + n["completion_width"])
     return 2 * params * tokens / (gflops * 1e9)
@@ -154,7 +155,8 @@ def main(names: list[str]) -> None:
         if name == "arith":  # issue 31: `make demo`'s 10 GRPO steps in a minute on 2 idle cores
             figures.append(figure("arith: 10 steps at the last step's time", 10 * seconds, "s", at_most=60, digits=0))
             figures.append(figure("arith: 10 steps' matmuls at the bf16 rate (floor)", 10 * floor, "s", digits=0))
-        notes.append(dominant(name, doc) + f"; its matmuls alone need {floor:.1f} s at the measured bf16 rate")
+        notes.append(dominant(name, doc) + f"; its prefill and loss matmuls alone need {floor:.1f} s at the "
+                                           "measured bf16 rate")
         if len(peaks) >= 3:
             figures.append(figure(f"{name}: last step's peak / step 2's", peaks[-1] / peaks[1], "x", at_most=1.05,
                                   digits=3))
@@ -162,7 +164,8 @@ def main(names: list[str]) -> None:
                             ["phase", "seconds", "share", "peak RSS GB", "calls"], phase_rows(doc)))
     notes.append("The floor counts generation's prefill, the loss forward, its recomputation under gradient "
                  "checkpointing and the input-gradient pass as matmuls of every token by the layers' "
-                 f"{params / 1e6:.0f}M weights at the measured rate; decoding, attention and LoRA are left out. "
+                 f"{params / 1e6:.0f}M weights at the measured rate; decoding, later tool turns' prefill, attention, "
+                 "the LM head and LoRA are left out. "
                  "Earlier measurements, and what changed each figure: bench/results/grpo_step_history.md.")
     write("grpo_step", "GRPO step profile on CPU: seconds and peak memory per phase", figures, tables,
           what="`rlkit train` of the smol GRPO recipes for a few steps, TRL's GRPOTrainer methods timed from outside "

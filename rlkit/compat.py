@@ -8,6 +8,7 @@ Nothing here is imported at module level: importing ``rlkit.compat`` costs nothi
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -289,9 +290,8 @@ def torch_huge_pages() -> None:
     1.71 GB, the same losses and rewards to the last digit (docs/performance.md). Torch reads the variable
     once, at its first CPU allocation, so this must run before any tensor exists (the CLI calls it first); a
     value the user set wins, off Linux it is not set, and where THP is "never" the kernel ignores the advice.
-    If torch stops reading it, nothing breaks and CPU steps are slower again."""
-    import sys
-
+    The variable is inherited by every process rlkit starts and touches only CPU tensors (GPU memory has its own
+    allocator). If torch stops reading it, nothing breaks and CPU steps are slower again."""
     if sys.platform.startswith("linux"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 

@@ -3,6 +3,7 @@ behaves as the entry assumes. A failure names the installed version of the libra
 
 import importlib.util
 import inspect
+import os
 import typing
 from importlib import metadata
 from pathlib import Path
@@ -229,10 +230,8 @@ def test_torch_backs_large_cpu_tensors_with_huge_pages(preset):
     import sys
 
     mode = _thp_mode()
-    if mode not in ("madvise", "always"):
-        pytest.skip(f"transparent huge pages are {mode or 'not available'} on this machine")
-    if preset == "0" and mode == "always":
-        pytest.skip("THP is 'always': the kernel uses huge pages whatever torch advises")
+    if mode != "madvise":  # "always" gives huge pages whatever torch advises; "never" none at all
+        pytest.skip(f"transparent huge pages are {mode or 'not available'} on this machine, not 'madvise'")
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     if preset is not None:
         env["THP_MEM_ALLOC_ENABLE"] = preset
@@ -244,6 +243,19 @@ def test_torch_backs_large_cpu_tensors_with_huge_pages(preset):
                f"THP_MEM_ALLOC_ENABLE=1 gave {huge_kb} kB of huge pages for 64 MiB of tensors")
     else:
         assert (value, int(huge_kb)) == ("0", 0)  # the user's own setting wins
+
+
+def test_the_rlkit_command_turns_huge_pages_on_first(monkeypatch):
+    """`rlkit.cli.main` sets torch's switch before anything else runs (even for --help, which imports no torch)."""
+    import sys
+
+    from rlkit.cli import main
+
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["rlkit", "--help"])
+    with pytest.raises(SystemExit):
+        main()
+    assert os.environ.get("THP_MEM_ALLOC_ENABLE") == ("1" if sys.platform.startswith("linux") else None)
 
 
 # --- GPU-only libraries ---------------------------------------------------------------------------

@@ -6,25 +6,23 @@ import pytest
 from rlkit.doctor import run
 from rlkit.recipe import recipes_dir
 
-# Peak RSS of `rlkit train` per step (GB), measured by bench/grpo_step.py at rlkit's default heap threshold (4 MiB)
-# on a loaded 2-core machine (bench/results/grpo_step_history.md): `OMP_NUM_THREADS=1 .venv/bin/python bench/grpo_step.py
-# --one NAME`, NAME the case's id, at git 3ab347c (the LM head reads a contiguous input; before it, each peak
-# held one copy of the head per sequence: arith 2.81, calc 2.10, calc16 2.90 GB).
+# Peak RSS of `rlkit train` per step (GB), measured by bench/grpo_step.py at rlkit's default heap threshold (4 MiB).
+# The latest run of every case: `make bench` at 97baa27, idle, 2 threads, torch's huge pages on
+# (bench/results/grpo_step.md). The first row is older: 16 sequences, one thread on a loaded machine at 3ab347c
+# (bench/results/grpo_step_history.md); before that commit each peak held one copy of the LM head per sequence.
 MEASURED = [  # (case, recipe, overrides, per-step peaks)
-    # 16 x (132-139 prompt + 8-20 completion) tokens (the recipe until 8 prompts a step). The recipe now mixes three prompt forms (`data.prompt: mix`,
-    # 30-139 tokens); a batch is padded to its longest prompt, so the plan counts the longest (139) and the peak
-    # stays this one's: the whole 10-step run from the SFT adapter peaked at 1.93 GB (`/usr/bin/time -v`, 0798560)
+    # 16 x (132-139 prompt + 8-20 completion) tokens, the recipe's batch until it took 8 prompts a step
     ("arith", "smol_arith_grpo", ["trainer.per_device_train_batch_size=16"], [1.707, 1.890, 1.993]),
-    # the recipe now: 32 x the same tokens (8 prompts x 4). Its 10-step run from the SFT adapter peaked at 1.88 GB
-    # (`/usr/bin/time -v`, one thread beside two other jobs; bench/results/arith_suite.md, the gentler stage)
-    ("arith32", "smol_arith_grpo", [], [1.88]),
+    # the recipe as shipped: 32 x (47-139 + <= 20) tokens (8 prompts x 4, three prompt forms mixed; a batch is
+    # padded to its longest prompt, which the plan counts)
+    ("arith32", "smol_arith_grpo", [], [1.60, 1.68, 1.71]),
     # base model, no SFT adapter: 8 x (~530 + 15-96) tokens, two model turns around a calculator call
-    ("calc", "smol_calc_grpo", [], [1.948, 2.061, 2.041]),
+    ("calc", "smol_calc_grpo", [], [1.77, 1.85, 1.83]),
     # base model, completions forced to the 512-token budget (`trainer.generation_kwargs={min_new_tokens: 512}`:
     # it does not search on its own): 8 x (~410 + 512) tokens, a two-search episode's budget
-    ("search", "smol_search_grpo", [], [2.715, 2.746]),
+    ("search", "smol_search_grpo", [], [2.98, 3.06]),
     # the calculator at 16 sequences: 16 x (~530 + 2-96) tokens
-    ("calc16", "smol_calc_grpo", ["trainer.per_device_train_batch_size=16"], [2.560, 2.559]),
+    ("calc16", "smol_calc_grpo", ["trainer.per_device_train_batch_size=16"], [2.36, 2.36]),
 ]
 TOLERANCE = 0.25
 

@@ -18,8 +18,9 @@ smol_arith_grpo with gradient checkpointing, 2 idle cores; bench/results/grpo_st
     peak RSS (GB)     2.08     2.13    2.21        2.70          3.45       3.79
 
 Most of that cost is page faults (4 KiB pages, first touch); the CLI has torch back tensors of 2 MiB or more
-with transparent huge pages (:func:`rlkit.compat.torch_huge_pages`), which halves it: 32 instead of 60 s a
-step of the recipe's 32 sequences at 4 MiB, against 24 s at glibc's own thresholds with 2.3 times the memory.
+with transparent huge pages (:func:`rlkit.compat.torch_huge_pages`), which halves the step time: 32 instead
+of 60 s a step of the recipe's 32 sequences at 4 MiB, against 24 s at glibc's own thresholds with 2.3 times the
+memory.
 
 ``RLKIT_MMAP_THRESHOLD_KB`` chooses another (``128`` for the smallest footprint, ``0`` leaves glibc alone).
 It changes no number computed, only where the memory comes from. A no-op off glibc (macOS, musl).
