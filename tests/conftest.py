@@ -9,7 +9,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # What the rlkit CLI does first (huge pages for large CPU tensors), before any test allocates a tensor.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+from rlkit.compat import torch_huge_pages  # noqa: E402  (imports nothing heavy)
+
+torch_huge_pages()
 # The end-of-run report costs a second or more per training; the tests marked `report` (and test_report.py,
 # which calls write_report itself) check it, every other training skips it.
 os.environ["RLKIT_NO_REPORT"] = "1"
