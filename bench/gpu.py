@@ -119,7 +119,10 @@ def spawn(args: list[str], timeout: float) -> tuple[dict[str, Any] | None, str |
     try:
         done = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
+        # What the case was doing when it was stopped (e.g. Unsloth's first torch.compile on a cold machine).
+        partial = exc.stderr or b""
+        sys.stderr.write((partial.decode(errors="replace") if isinstance(partial, bytes) else partial)[-4000:])
         return None, f"timed out after {timeout:.0f}s"
     lines = [line for line in done.stdout.splitlines() if line.startswith(_RESULT)]
     if done.returncode != 0 or (args[0] == "--child" and not lines):
@@ -127,6 +130,22 @@ def spawn(args: list[str], timeout: float) -> tuple[dict[str, Any] | None, str |
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         return None, f"exit {done.returncode}: {tail[0][:300]}"
     return (json.loads(lines[-1].removeprefix(_RESULT)) if lines else {}), None
+
+
+STACK = ("torch", "transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "unsloth", "vllm")
+
+
+def stack() -> str:
+    """The versions a row was measured with: Python and the installed packages of `STACK`."""
+    from importlib import metadata
+
+    found = []
+    for name in STACK:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join([f"Python {sys.version.split()[0]}", *found])
 
 
 def record(out: Path, row: dict[str, Any]) -> None:
@@ -145,6 +164,17 @@ def render(rows: list[dict[str, Any]]) -> str:
         latest[(row["size"], row["case"])] = row
     order = {c: i for i, c in enumerate(CASES)}
     ordered = sorted(latest.values(), key=lambda r: (r["size"], order.get(r["case"], 99)))
+    # How a row was measured (a note, the stack) goes under the tables, numbered; the row's status points to it.
+    footnotes: list[str] = []
+
+    def status(row: dict[str, Any]) -> str:
+        marks = []
+        for text in (row.get("note"), row.get("stack") and f"Stack: {row['stack']}."):
+            if text:
+                if text not in footnotes:
+                    footnotes.append(text)
+                marks.append(f"[{footnotes.index(text) + 1}]")
+        return " ".join([row.get("status", ""), *marks]).strip()
 
     def num(row: dict[str, Any], key: str, digits: int) -> str:
         value = row.get(key)
@@ -152,10 +182,10 @@ def render(rows: list[dict[str, Any]]) -> str:
 
     train_rows = [[r["size"], r["case"], r.get("parameters_m", "-"), num(r, "step_seconds", 2),
                    num(r, "tokens_per_second", 0), r.get("tokens_measure", "-"), num(r, "peak_allocated_gib", 2),
-                   r.get("status", "")] for r in ordered if not r["case"].startswith("merge")]
+                   status(r)] for r in ordered if not r["case"].startswith("merge")]
     merge_rows = [[r["size"], r["case"], num(r, "merge_seconds", 1), num(r, "peak_allocated_gib", 2),
                    num(r, "max_abs_logit_diff", 4), num(r, "top1_agreement", 4), num(r, "greedy_match", 2),
-                   r.get("decided_flips", "-"), num(r, "adapter_effect_max_abs_logit", 3), r.get("status", "")]
+                   r.get("decided_flips", "-"), num(r, "adapter_effect_max_abs_logit", 3), status(r)]
                   for r in ordered if r["case"].startswith("merge")]
     gpus = sorted({r["gpu"] for r in ordered if r.get("gpu")})
     parts = ["# GPU check (`bench/gpu.py`)",
@@ -170,6 +200,7 @@ def render(rows: list[dict[str, Any]]) -> str:
              f"## `rlkit merge` on CUDA after {MERGE_STEPS} QLoRA SFT steps (faithful merge, bf16)",
              markdown(table("merge", ["size", "case", "seconds", "peak GiB", "max |Δlogits|", "top-1 agreement",
                                       "greedy match", "decided flips", "adapter effect", "status"], merge_rows)),
+             *([("\n\n".join(f"[{i}] {text}" for i, text in enumerate(footnotes, 1)))] if footnotes else []),
              "Reproduce: `python bench/gpu.py [--case CASE] [--size SIZE]` (see its --help)."]
     return "\n\n".join(parts) + "\n"
 
@@ -185,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", action="append", choices=list(SIZES), help="at this size (repeatable; default all)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where gpu.jsonl and gpu.md go (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per case (default %(default)s)")
+    parser.add_argument("--note", help="how these rows were measured (e.g. 'beside another run on the same GPU'); "
+                        "shown under the table")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan and record the cases that cannot run here; run nothing")
     args = parser.parse_args(argv)
@@ -192,13 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     cuda = cuda_available()
     steps = plan(cases, sizes, cuda)
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    versions = stack()
     print(f"GPU check: {len(steps)} case(s); CUDA {'available' if cuda else 'not available'}")
     for size, case, why in steps:
         print(f"  {size:5} {case:24} {why or 'will run'}")
     models: dict[str, tuple[Path, int]] = {}
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-gpu-") as tmp:
         for size, case, why in steps:
-            row: dict[str, Any] = {"size": size, "case": case, "at": stamp}
+            row: dict[str, Any] = {"size": size, "case": case, "at": stamp, "stack": versions,
+                                   **({"note": args.note} if args.note else {})}
             if why is not None or args.dry_run:
                 if why is None:
                     continue  # would run: a dry run records only what cannot

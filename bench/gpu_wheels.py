@@ -45,6 +45,9 @@ BARE = {
 # What to bring, beyond BARE; followed through their dependencies.
 WANT = ["trl", "datasets", "bitsandbytes", "pydantic", "rich"]
 UNSLOTH = ["unsloth", "unsloth_zoo"]
+# Versions for what is not installed here: the newest Unsloth of the range pyproject's `gpu` extra allows
+# (<2026.11); an unpinned download would take a newer release rlkit is not checked against.
+NOT_HERE = {"unsloth": "2026.10.9", "unsloth-zoo": "2026.10.9"}
 
 
 def canonical(name: str) -> str:
@@ -52,11 +55,11 @@ def canonical(name: str) -> str:
 
 
 def pinned(name: str) -> str:
-    """``name==VERSION`` as installed here, else ``name``."""
+    """``name==VERSION`` as installed here, else as `NOT_HERE` pins it, else ``name``."""
     try:
         return f"{name}=={metadata.version(name)}"
     except metadata.PackageNotFoundError:
-        return name
+        return f"{name}=={NOT_HERE[canonical(name)]}" if canonical(name) in NOT_HERE else name
 
 
 def download(spec: str, dest: Path, python: str, platform: str) -> Path:

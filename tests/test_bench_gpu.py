@@ -41,6 +41,31 @@ def test_dry_run_shows_the_plan_and_records_why_each_case_cannot_run(tmp_path):
     assert len((tmp_path / "gpu.jsonl").read_text().splitlines()) == len(rows) + 1
     md = (tmp_path / "gpu.md").read_text()
     assert md.count("| grpo-unsloth-qlora ") == 1 and "no case has run on a GPU" in md
+    # every row carries the stack it was measured with, shown once under the table and pointed to from its status
+    assert rows[0]["stack"].startswith(f"Python {sys.version.split()[0]}, torch {torch.__version__}")
+    assert md.count("Stack: Python") == 1 and "skipped: unsloth, unsloth_zoo not installed [1]" in md
+
+
+def test_a_note_is_kept_on_the_row_and_numbered_under_the_table(tmp_path):
+    done = run("--dry-run", "--out", str(tmp_path), "--size", "1.7b", "--case", "grpo-unsloth-qlora",
+               "--note", "beside another run on the same GPU")
+    assert done.returncode == 0, done.stderr
+    row = json.loads((tmp_path / "gpu.jsonl").read_text())
+    assert row["note"] == "beside another run on the same GPU"
+    md = (tmp_path / "gpu.md").read_text()
+    assert "not installed [1] [2]" in md and "[1] beside another run on the same GPU" in md and "[2] Stack: " in md
+
+
+def test_a_case_that_times_out_is_an_error_and_what_it_printed_so_far_is_shown(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu
+
+    stuck = tmp_path / "stuck.py"  # a case that reports where it is, then hangs (as a first torch.compile can)
+    stuck.write_text("import sys, time\nprint('compiling block 3 of 28', file=sys.stderr, flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setattr(gpu, "__file__", str(stuck))
+    result, error = gpu.spawn(["--child", "grpo-unsloth-qlora"], 3)
+    assert result is None and error == "timed out after 3s"
+    assert "compiling block 3 of 28" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -70,3 +95,17 @@ def test_a_case_child_trains_and_merges_on_the_tiny_model_and_its_row_is_written
     assert merged["decided_flips"] == 0 and merged["beyond_rounding"] == []
     gpu.record(tmp_path / "out", {"size": "tiny", "case": "merge-hf-qlora-nf4", "status": "ok", **merged})
     assert f"{merged['top1_agreement']:.4f}" in (tmp_path / "out" / "gpu.md").read_text()
+
+
+def test_the_unsloth_the_wheel_packer_brings_is_one_the_gpu_extra_allows():
+    import tomllib
+    from packaging.requirements import Requirement
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_wheels
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    allowed = {gpu_wheels.canonical(r.name): r.specifier for r in map(Requirement, extra)}
+    assert set(gpu_wheels.NOT_HERE) <= set(allowed)
+    for name, version in gpu_wheels.NOT_HERE.items():
+        assert version in allowed[name], f"{name}=={version} is outside the gpu extra's {allowed[name]}"
