@@ -27,8 +27,9 @@ It changes no number computed, only where the memory comes from. A no-op off gli
 
 Blocks under the threshold still come from the heap, and the heap pages they once used stay resident: the
 calculator's floor between steps rose 1.34 -> 1.60 GB over 12 steps, in steps of ~0.06 GB, as longer batches
-arrived. ``trim_each_step()`` is a TrainerCallback that calls ``malloc_trim(0)`` after every optimizer step,
-returning every free heap page (not only the top of the heap) to the OS.
+arrived. ``trim_each_step()`` is a TrainerCallback that calls ``malloc_trim(0)`` after an optimizer step that
+left the process 64 MiB or more above where the last trim left it, returning every free heap page (not only the
+top of the heap) to the OS.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ M_MMAP_THRESHOLD = -3
 THRESHOLD = 4 * 2**20  # kept fixed instead of growing to 32 MiB as freed mappings raise it
 ENV = "RLKIT_MMAP_THRESHOLD_KB"
 RELAXED_MMAP = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+TRIM_MIN_GROWTH = 64 * 2**20  # a step-end trim runs only when RSS grew this much since the last one
 
 
 def _libc():
@@ -89,22 +91,39 @@ def small_heap(active: bool = True, trainer: Any = None) -> Iterator[bool]:
             libc.malloc_trim(0)
 
 
-def trim_each_step() -> Any:
-    """A TrainerCallback handing the heap's free pages back to the OS after every step (``malloc_trim(0)``: 79 ms
-    to return 1.2 GB of freed 2 MB blocks, under 0.1 ms when nothing is free); None off glibc."""
+def resident_bytes() -> int:
+    """This process's resident set size, from ``/proc/self/statm`` (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def trim_each_step(min_growth: int = TRIM_MIN_GROWTH) -> Any:
+    """A TrainerCallback handing the heap's free pages back to the OS (``malloc_trim(0)``: 79 ms to return 1.2 GB
+    of freed 2 MB blocks) at the end of a step that left the process at least ``min_growth`` bytes larger than
+    the last trim did; None off glibc. Between steps the process then sits at most that much above its trimmed
+    floor, and steps that freed little are not trimmed: every page a trim returns is faulted back in when the next
+    step reuses it, which made 1,200 tiny-model SFT steps 11 s slower when it trimmed after every step."""
     libc = _libc()
     if libc is None:
         return None
     from transformers import TrainerCallback
 
     class TrimHeap(TrainerCallback):
+        def __init__(self) -> None:
+            self.floor = resident_bytes()
+
+        def trim(self) -> None:
+            libc.malloc_trim(0)
+            self.floor = resident_bytes()
+
         # Also before the first step: a step-0 agent eval (rlkit.evaluate.during, which runs first) leaves its
         # generation's freed heap behind, which the first step's peak would otherwise sit on.
         def on_train_begin(self, args, state, control, **kwargs):
-            libc.malloc_trim(0)
+            self.trim()
 
         def on_step_end(self, args, state, control, **kwargs):
-            libc.malloc_trim(0)
+            if resident_bytes() - self.floor >= min_growth:
+                self.trim()
 
     return TrimHeap()
 
