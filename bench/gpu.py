@@ -121,8 +121,7 @@ def spawn(args: list[str], timeout: float) -> tuple[dict[str, Any] | None, str |
                               timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         # What the case was doing when it was stopped (e.g. Unsloth's first torch.compile on a cold machine).
-        partial = exc.stderr or b""
-        sys.stderr.write((partial.decode(errors="replace") if isinstance(partial, bytes) else partial)[-4000:])
+        sys.stderr.write((exc.stderr or b"").decode(errors="replace")[-4000:])  # bytes, even with text=True
         return None, f"timed out after {timeout:.0f}s"
     lines = [line for line in done.stdout.splitlines() if line.startswith(_RESULT)]
     if done.returncode != 0 or (args[0] == "--child" and not lines):
@@ -200,7 +199,7 @@ def render(rows: list[dict[str, Any]]) -> str:
              f"## `rlkit merge` on CUDA after {MERGE_STEPS} QLoRA SFT steps (faithful merge, bf16)",
              markdown(table("merge", ["size", "case", "seconds", "peak GiB", "max |Δlogits|", "top-1 agreement",
                                       "greedy match", "decided flips", "adapter effect", "status"], merge_rows)),
-             *([("\n\n".join(f"[{i}] {text}" for i, text in enumerate(footnotes, 1)))] if footnotes else []),
+             *(["\n\n".join(f"[{i}] {text}" for i, text in enumerate(footnotes, 1))] if footnotes else []),
              "Reproduce: `python bench/gpu.py [--case CASE] [--size SIZE]` (see its --help)."]
     return "\n\n".join(parts) + "\n"
 
