@@ -131,19 +131,11 @@ def spawn(args: list[str], timeout: float) -> tuple[dict[str, Any] | None, str |
     return (json.loads(lines[-1].removeprefix(_RESULT)) if lines else {}), None
 
 
-STACK = ("torch", "transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "unsloth", "vllm")
-
-
 def stack() -> str:
-    """The versions a row was measured with: Python and the installed packages of `STACK`."""
-    from importlib import metadata
+    """The versions a row was measured with: Python and what `rlkit.runs.versions` finds installed."""
+    from rlkit.runs import versions
 
-    found = []
-    for name in STACK:
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            continue
+    found = [f"{name} {version}" for name, version in versions().items() if version]
     return ", ".join([f"Python {sys.version.split()[0]}", *found])
 
 
