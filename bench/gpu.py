@@ -178,6 +178,10 @@ def render(rows: list[dict[str, Any]]) -> str:
                    num(r, "max_abs_logit_diff", 4), num(r, "top1_agreement", 4), num(r, "greedy_match", 2),
                    r.get("decided_flips", "-"), num(r, "adapter_effect_max_abs_logit", 3), status(r)]
                   for r in ordered if r["case"].startswith("merge")]
+    profiled = [r for r in ordered if r.get("phases")]
+    phase_parts = [f"### {r['size']} {r['case']} (peak: {r.get('phase_memory', '-')})\n\n"
+                   + markdown(table("phases", ["phase", "seconds", "share", "peak GiB", "calls"], phase_rows(r["phases"])))
+                   for r in profiled]
     gpus = sorted({r["gpu"] for r in ordered if r.get("gpu")})
     parts = ["# GPU check (`bench/gpu.py`)",
              f"GPU: {', '.join(gpus) if gpus else 'none: no case has run on a GPU'}. Latest row per size and case "
@@ -188,12 +192,27 @@ def render(rows: list[dict[str, Any]]) -> str:
              "1024-token vocabulary.",
              markdown(table("training", ["size", "case", "params (M)", "step s (median)", "tokens/s", "tokens",
                                          "peak GiB", "status"], train_rows)),
+             *([f"## GRPO step by phase: median of the {STEPS - 1} timed steps",
+                "Measured by `bench/stepprobe.py` wrapping the trainer's own methods (generation, log-probs, loss, "
+                "backward; the rest is callbacks, logging and rlkit's bookkeeping), with a CUDA synchronize at "
+                "each boundary; a phase's peak is the memory (GPU memory allocated, on CUDA) while it, not a phase "
+                "nested in it, ran. Where a trainer computes its loss inside `compute_loss` (Unsloth), the loss "
+                "forward shows under \"loss rest\".",
+                *phase_parts] if profiled else []),
              f"## `rlkit merge` on CUDA after {MERGE_STEPS} QLoRA SFT steps (faithful merge, bf16)",
              markdown(table("merge", ["size", "case", "seconds", "peak GiB", "max |Δlogits|", "top-1 agreement",
                                       "greedy match", "decided flips", "adapter effect", "status"], merge_rows)),
              *(["\n\n".join(f"[{i}] {text}" for i, text in enumerate(footnotes, 1))] if footnotes else []),
              "Reproduce: `python bench/gpu.py [--case CASE] [--size SIZE]` (see its --help)."]
     return "\n\n".join(parts) + "\n"
+
+
+def phase_rows(phases: dict[str, dict[str, float]]) -> list[list[Any]]:
+    """A GRPO row's step profile: phase, seconds, share of the step, peak GiB, calls."""
+    step = phases.get("_step", {}).get("seconds") or sum(v["seconds"] for k, v in phases.items() if k != "_step")
+    return [[("whole step" if name == "_step" else name), round(v["seconds"], 3),
+             f"{v['seconds'] / step:.0%}" if step else "-", round(v["peak_bytes"] / 2**30, 2), v["calls"]]
+            for name, v in phases.items()]
 
 
 def plan(cases: list[str], sizes: list[str], cuda: bool) -> list[tuple[str, str, str | None]]:

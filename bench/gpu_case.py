@@ -142,12 +142,23 @@ def child(case: str, model_dir: Path, run_dir: Path) -> None:
     run_dir.mkdir(parents=True)  # what `rlkit train` does before building the trainer
     trainer, tokenizer = build_trainer(spec, run_dir)
     trainer.add_callback(StepTimer())
+    probe = None
+    if algorithm == "grpo":  # the step, phase by phase (generation, log-probs, loss, backward, ...)
+        import stepprobe
+
+        probe, wrapped = stepprobe.attach(trainer, cuda=cuda)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     timed = state["steps"][1:]
+    peak = peak_gib()
+    if probe is not None and cuda:  # the probe resets the peak at each phase boundary and keeps the maximum
+        peak = max(peak, probe.peak / 2**30)
     result: dict[str, Any] = {"step_seconds": median(timed), "all_step_seconds": state["steps"],
-                              "peak_allocated_gib": peak_gib()}
+                              "peak_allocated_gib": peak}
+    if probe is not None:
+        result.update(phases=stepprobe.summary(probe), phase_memory="cuda allocated" if cuda else "process RSS",
+                      wrapped=wrapped, trainer_class=f"{type(trainer).__module__}.{type(trainer).__name__}")
     if algorithm == "grpo":
         generation = {name: t for name, t in timers.items() if "generate" in name}
         counted = range(2, STEPS + 1)  # step 1 is the warm-up

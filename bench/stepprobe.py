@@ -4,6 +4,10 @@
 call is a phase; a phase's time and peak RSS exclude the phases nested inside it. The peak is the kernel's
 high-water mark (`VmHWM`), reset at every phase boundary through `/proc/self/clear_refs` (Linux), so no
 sampling thread can miss a short spike. Steps are delimited by a trainer callback (`probe.callback()`).
+`attach(trainer, cuda=True)` does the same to a trainer already built (Unsloth's GRPO trainer is its own
+class, compiled from TRL's source, so wrapping TRL's class would miss it), measuring GPU memory instead:
+`torch.cuda.max_memory_allocated`, reset at each boundary, with a synchronize so a phase's seconds are its
+kernels' and not the next phase's.
 
 Phases (GRPOTrainer method -> name):
 - `_generate_single_turn`: generation (every model turn, the tool loop's included)
@@ -47,8 +51,35 @@ def _reset_peak() -> None:
         f.write("5")
 
 
+def _cuda_peak() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+def _cuda_reset() -> None:
+    import torch
+
+    torch.cuda.reset_peak_memory_stats()
+
+
+def _cuda_now() -> int:
+    import torch
+
+    return torch.cuda.memory_allocated()
+
+
+# (peak since the last reset, reset the peak, bytes held now)
+RSS = (lambda: _status("VmHWM"), _reset_peak, lambda: _status("VmRSS"))
+CUDA = (_cuda_peak, _cuda_reset, _cuda_now)
+TRAINER_METHODS = ("_generate_single_turn", "_tool_call_loop", "_generate", "_calculate_rewards",
+                   "_generate_and_score_completions", "compute_loss")
+
+
 class Probe:
-    def __init__(self) -> None:
+    def __init__(self, meter: tuple = RSS) -> None:
+        self.read_peak, self.reset_peak, self.read_now = meter
         self.steps: list[dict[str, dict[str, float]]] = []
         self.stack: list[str] = []
         self.last = time.perf_counter()
@@ -69,14 +100,15 @@ class Probe:
 
     def _mark(self) -> None:
         """Charge the time and peak since the last boundary to the innermost open phase."""
-        now, hwm = time.perf_counter(), _status("VmHWM")
+        hwm = self.read_peak()
+        now = time.perf_counter()
         self.peak = max(self.peak, hwm)
         if self.in_step:
             name = self.stack[-1] if self.stack else OTHER
             slot = self.steps[-1].setdefault(name, {"seconds": 0.0, "peak_bytes": 0, "calls": 0})
             slot["seconds"] += now - self.last
             slot["peak_bytes"] = max(slot["peak_bytes"], hwm)
-        _reset_peak()
+        self.reset_peak()
         self.last = time.perf_counter()
 
     def enter(self, name: str) -> None:
@@ -91,7 +123,7 @@ class Probe:
 
     def step_begin(self) -> None:
         self._mark()
-        self.steps.append({"_begin": {"seconds": 0.0, "peak_bytes": _status("VmRSS"), "calls": 0}})
+        self.steps.append({"_begin": {"seconds": 0.0, "peak_bytes": self.read_now(), "calls": 0}})
         self.started = time.perf_counter()
         self.in_step = True
 
@@ -146,8 +178,7 @@ def install() -> Probe:
     from trl import GRPOTrainer
 
     probe = Probe()
-    for attr in ("_generate_single_turn", "_tool_call_loop", "_generate", "_calculate_rewards",
-                 "_generate_and_score_completions", "compute_loss"):
+    for attr in TRAINER_METHODS:
         probe.wrap(GRPOTrainer, attr, NAMES[attr])
     probe.wrap(GRPOTrainer, LOGPS, None)
     probe.wrap(Accelerator, "backward", NAMES["backward"])
@@ -160,3 +191,29 @@ def install() -> Probe:
 
     GRPOTrainer.__init__ = init_with_probe
     return probe
+
+
+def attach(trainer: Any, cuda: bool = False) -> tuple[Probe, list[str]]:
+    """Wrap the phases of a GRPO trainer already built (on its own class) and add the step callback; returns the
+    probe and the trainer methods found (a phase whose method the class lacks is counted in "other")."""
+    from accelerate import Accelerator
+
+    probe, cls = Probe(CUDA if cuda else RSS), type(trainer)
+    found = [attr for attr in (*TRAINER_METHODS, LOGPS) if callable(getattr(cls, attr, None))]
+    for attr in found:
+        probe.wrap(cls, attr, None if attr == LOGPS else NAMES[attr])
+    probe.wrap(type(trainer.accelerator) if hasattr(trainer, "accelerator") else Accelerator, "backward",
+               NAMES["backward"])
+    trainer.add_callback(probe.callback())
+    return probe, found
+
+
+def summary(probe: Probe, skip: int = 1) -> dict[str, dict[str, float]]:
+    """Per phase over the steps after the first `skip`: median seconds, max peak bytes, calls per step."""
+    from statistics import median
+
+    steps = probe.steps[skip:] or probe.steps
+    names = [n for n in [*ORDER, "_step"] if any(n in s for s in steps)]
+    return {n: {"seconds": median(s[n]["seconds"] if n in s else 0.0 for s in steps),
+                "peak_bytes": max(s[n]["peak_bytes"] for s in steps if n in s),
+                "calls": median(s[n]["calls"] if n in s else 0 for s in steps)} for n in names}

@@ -110,3 +110,35 @@ def test_the_unsloth_the_wheel_packer_brings_is_one_the_gpu_extra_allows():
     assert set(gpu_wheels.NOT_HERE) <= set(allowed)
     for name, version in gpu_wheels.NOT_HERE.items():
         assert version in allowed[name], f"{name}=={version} is outside the gpu extra's {allowed[name]}"
+
+
+
+def test_a_grpo_case_reports_its_step_phase_by_phase_and_the_phases_add_up_to_the_step(tmp_path, tiny_model_dir):
+    """What the GRPO case child does, shortened (3 steps of 32 tokens): its recipe, rlkit's trainer, the probe."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu
+    import gpu_case
+    import stepprobe
+
+    from rlkit.recipe import validate
+    from rlkit.train import build_trainer
+
+    raw = gpu_case.recipe("grpo-hf-bf16-lora", tiny_model_dir)
+    raw["trainer"].update(max_steps=3, max_completion_length=32, bf16=False)
+    (tmp_path / "run").mkdir()
+    trainer, _ = build_trainer(validate(raw, source="test"), tmp_path / "run")
+    probe, wrapped = stepprobe.attach(trainer)
+    trainer.train()
+    assert wrapped[:1] == ["_generate_single_turn"] and "_get_per_token_logps_and_entropies" in wrapped
+    assert len(probe.steps) == 3
+    phases = stepprobe.summary(probe)
+    step = phases.pop("_step")
+    # Every second of a step is charged to exactly one phase (medians of 2 steps, so close to the sum, not equal).
+    assert sum(v["seconds"] for v in phases.values()) == pytest.approx(step["seconds"], rel=0.1)
+    assert {"generation", "loss forward (log-probs with grad)", "backward", "rewards", "optimizer step"} <= set(phases)
+    assert step["peak_bytes"] == max(v["peak_bytes"] for v in phases.values()) > 0
+    gpu.record(tmp_path / "out", {"size": "tiny", "case": "grpo-hf-bf16-lora", "status": "ok", "step_seconds": 1.0,
+                                  "phases": {**phases, "_step": step}, "phase_memory": "process RSS"})
+    page = (tmp_path / "out" / "gpu.md").read_text()
+    assert "## GRPO step by phase" in page and "tiny grpo-hf-bf16-lora (peak: process RSS)" in page
+    assert "| whole step " in page and "| 100%" in page
