@@ -4,8 +4,8 @@
 call is a phase; a phase's time and peak RSS exclude the phases nested inside it. The peak is the kernel's
 high-water mark (`VmHWM`), reset at every phase boundary through `/proc/self/clear_refs` (Linux), so no
 sampling thread can miss a short spike. Steps are delimited by a trainer callback (`probe.callback()`).
-`attach(trainer, cuda=True)` does the same to a trainer already built (Unsloth's GRPO trainer is its own
-class, compiled from TRL's source, so wrapping TRL's class would miss it), measuring GPU memory instead:
+`attach(trainer, cuda=True)` does the same to one trainer already built, on the instance (Unsloth's GRPO trainer
+is its own class, compiled from TRL's source, so wrapping TRL's class would miss it), measuring GPU memory instead:
 `torch.cuda.max_memory_allocated`, reset at each boundary, with a synchronize so a phase's seconds are its
 kernels' and not the next phase's.
 
@@ -194,16 +194,14 @@ def install() -> Probe:
 
 
 def attach(trainer: Any, cuda: bool = False) -> tuple[Probe, list[str]]:
-    """Wrap the phases of a GRPO trainer already built (on its own class) and add the step callback; returns the
-    probe and the trainer methods found (a phase whose method the class lacks is counted in "other")."""
-    from accelerate import Accelerator
-
-    probe, cls = Probe(CUDA if cuda else RSS), type(trainer)
-    found = [attr for attr in (*TRAINER_METHODS, LOGPS) if callable(getattr(cls, attr, None))]
+    """Wrap the phases of a GRPO trainer already built, on the instance (its class, TRL's or Unsloth's compiled
+    copy, and accelerate's `Accelerator` stay as they are), and add the step callback. Returns the probe and the
+    trainer methods found (a phase whose method the trainer lacks is counted in "other")."""
+    probe = Probe(CUDA if cuda else RSS)
+    found = [attr for attr in (*TRAINER_METHODS, LOGPS) if callable(getattr(trainer, attr, None))]
     for attr in found:
-        probe.wrap(cls, attr, None if attr == LOGPS else NAMES[attr])
-    probe.wrap(type(trainer.accelerator) if hasattr(trainer, "accelerator") else Accelerator, "backward",
-               NAMES["backward"])
+        probe.wrap(trainer, attr, None if attr == LOGPS else NAMES[attr])
+    probe.wrap(trainer.accelerator, "backward", NAMES["backward"])
     trainer.add_callback(probe.callback())
     return probe, found
 

@@ -112,7 +112,6 @@ def test_the_unsloth_the_wheel_packer_brings_is_one_the_gpu_extra_allows():
         assert version in allowed[name], f"{name}=={version} is outside the gpu extra's {allowed[name]}"
 
 
-
 def test_a_grpo_case_reports_its_step_phase_by_phase_and_the_phases_add_up_to_the_step(tmp_path, tiny_model_dir):
     """What the GRPO case child does, shortened (3 steps of 32 tokens): its recipe, rlkit's trainer, the probe."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -123,22 +122,31 @@ def test_a_grpo_case_reports_its_step_phase_by_phase_and_the_phases_add_up_to_th
     from rlkit.recipe import validate
     from rlkit.train import build_trainer
 
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
+
     raw = gpu_case.recipe("grpo-hf-bf16-lora", tiny_model_dir)
     raw["trainer"].update(max_steps=3, max_completion_length=32, bf16=False)
     (tmp_path / "run").mkdir()
     trainer, _ = build_trainer(validate(raw, source="test"), tmp_path / "run")
+    classes = (GRPOTrainer._generate_single_turn, GRPOTrainer.compute_loss, Accelerator.backward)
     probe, wrapped = stepprobe.attach(trainer)
+    # The probe sits on this trainer only: TRL's and accelerate's classes, which other trainers share, are untouched.
+    assert (GRPOTrainer._generate_single_turn, GRPOTrainer.compute_loss, Accelerator.backward) == classes
+    assert "_generate_single_turn" in vars(trainer) and "backward" in vars(trainer.accelerator)
     trainer.train()
     assert wrapped[:1] == ["_generate_single_turn"] and "_get_per_token_logps_and_entropies" in wrapped
     assert len(probe.steps) == 3
     phases = stepprobe.summary(probe)
     step = phases.pop("_step")
-    # Every second of a step is charged to exactly one phase (medians of 2 steps, so close to the sum, not equal).
-    assert sum(v["seconds"] for v in phases.values()) == pytest.approx(step["seconds"], rel=0.1)
-    assert {"generation", "loss forward (log-probs with grad)", "backward", "rewards", "optimizer step"} <= set(phases)
-    assert step["peak_bytes"] == max(v["peak_bytes"] for v in phases.values()) > 0
+    # Every second of a step is charged to exactly one phase (the medians of 2 timed steps: their means).
+    assert sum(v["seconds"] for v in phases.values()) == pytest.approx(step["seconds"], rel=0.02)
+    # Each hook fired once a step: generation, the loss with grad, the backward, the rewards, the optimizer.
+    assert all(phases[name]["calls"] == 1 for name in ("generation", "loss forward (log-probs with grad)", "backward",
+                                                       "rewards", "optimizer step"))
+    assert phases["generation"]["peak_bytes"] > 0
     gpu.record(tmp_path / "out", {"size": "tiny", "case": "grpo-hf-bf16-lora", "status": "ok", "step_seconds": 1.0,
                                   "phases": {**phases, "_step": step}, "phase_memory": "process RSS"})
     page = (tmp_path / "out" / "gpu.md").read_text()
     assert "## GRPO step by phase" in page and "tiny grpo-hf-bf16-lora (peak: process RSS)" in page
-    assert "| whole step " in page and "| 100%" in page
+    assert "| whole step " in page
