@@ -7,7 +7,7 @@ from rlkit.doctor import run
 from rlkit.recipe import recipes_dir
 
 # Peak RSS of `rlkit train` per step (GB), measured by bench/grpo_step.py at rlkit's default heap threshold (4 MiB).
-# The latest run of every case: `make bench` at 97baa27, idle, 2 threads, torch's huge pages on
+# The latest run of every case: `make bench` at e654bcd, idle, 2 threads, torch's huge pages on
 # (bench/results/grpo_step.md). The first row is older: 16 sequences, one thread on a loaded machine at 3ab347c
 # (bench/results/grpo_step_history.md); before that commit each peak held one copy of the LM head per sequence.
 MEASURED = [  # (case, recipe, overrides, per-step peaks)
@@ -15,14 +15,14 @@ MEASURED = [  # (case, recipe, overrides, per-step peaks)
     ("arith", "smol_arith_grpo", ["trainer.per_device_train_batch_size=16"], [1.707, 1.890, 1.993]),
     # the recipe as shipped: 32 x (47-139 + <= 20) tokens (8 prompts x 4, three prompt forms mixed; a batch is
     # padded to its longest prompt, which the plan counts)
-    ("arith32", "smol_arith_grpo", [], [1.60, 1.68, 1.71]),
+    ("arith32", "smol_arith_grpo", [], [1.64, 1.67, 1.71]),
     # base model, no SFT adapter: 8 x (~530 + 15-96) tokens, two model turns around a calculator call
-    ("calc", "smol_calc_grpo", [], [1.77, 1.85, 1.83]),
+    ("calc", "smol_calc_grpo", [], [1.77, 1.85, 1.81]),
     # base model, completions forced to the 512-token budget (`trainer.generation_kwargs={min_new_tokens: 512}`:
     # it does not search on its own): 8 x (~410 + 512) tokens, a two-search episode's budget
-    ("search", "smol_search_grpo", [], [2.98, 3.06]),
+    ("search", "smol_search_grpo", [], [3.01, 3.09]),
     # the calculator at 16 sequences: 16 x (~530 + 2-96) tokens
-    ("calc16", "smol_calc_grpo", ["trainer.per_device_train_batch_size=16"], [2.36, 2.36]),
+    ("calc16", "smol_calc_grpo", ["trainer.per_device_train_batch_size=16"], [2.40, 2.36]),
 ]
 TOLERANCE = 0.25
 
