@@ -16,7 +16,7 @@ def demo(
                                                               "runs/demo-calc, runs/demo-search or runs/demo-tiny)."),
     tiny: bool = typer.Option(False, "--tiny", help="The old demo: a random-initialised tiny Qwen3, SFT then GRPO."),
     calc: bool = typer.Option(False, "--calc", help="The calculator agent on SmolLM2: base -> SFT warm-up -> GRPO "
-                                                    "with the tool, each evaluated (~45 min on 2 cores)."),
+                                                    "with the tool, each evaluated (45-57 min on 2 cores)."),
     search: bool = typer.Option(False, "--search", help="The search agent on SmolLM2: base -> oracle teacher -> SFT "
                                                         "-> GRPO with the retrieval tool, each evaluated."),
     gsm8k_test: Path = typer.Option(Path("../shared/data/gsm8k/test.jsonl"), "--gsm8k-test",
