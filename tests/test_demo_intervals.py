@@ -4,7 +4,10 @@ zero-width bootstrap interval."""
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
@@ -120,3 +123,38 @@ def test_search_plot_takes_an_interval_that_rounding_puts_just_past_the_mean(tmp
     search._plot([row], tmp_path / "f1_by_stage.png")
     (bars,) = drawn["fig"].axes[0].containers
     assert all(abs(y - 0.1) < 1e-12 for segment in bars.lines[2][0].get_segments() for y in segment[:, 1])
+
+
+def test_stage_table_and_demo_json_carry_the_peak_resident_memory_of_the_process_and_its_children(tmp_path):
+    # A fresh interpreter, so that no earlier test set the high-water mark: a stage that holds 300 MB in a child,
+    # then one that holds 600 MB itself; the peak after each covers what it held and never falls.
+    script = f"""
+import json, subprocess, sys
+from pathlib import Path
+from rich.console import Console
+from rlkit.demos.stages import Stages
+stages = Stages(Console(width=200))
+stages.run("child", lambda: subprocess.run([sys.executable, "-c", "b = b'x' * 300_000_000"], check=True))
+stages.run("self", lambda: len(b'y' * 600_000_000))
+stages.finish([], Path({str(tmp_path)!r}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    child, own = (s["peak_rss_gb"] for s in summary["stages"])
+    assert 0.3 <= child < 0.6 and 0.6 <= own == summary["peak_rss_gb"] < 1.2
+    assert re.search(rf"self\W+\d+\W+[\d.]+\W+[\d.]+\W+{own:.2f} GB", out)  # its row of the stage table
+    assert f"peak resident memory {own:.2f} GB" in out
+
+
+def test_copy_evals_takes_results_and_episodes_and_keeps_their_times(tmp_path):
+    from rlkit.demos.stages import copy_evals
+
+    evals, run = tmp_path / "eval", tmp_path / "run"
+    evals.mkdir()
+    run.mkdir()
+    for i, name in enumerate(("base-x.json", "base-x.trajectories.jsonl", "notes.txt")):
+        (evals / name).write_text("{}")
+        os.utime(evals / name, (1_000_000 + i, 1_000_000 + i))
+    copy_evals(evals, run)
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["base-x.json", "base-x.trajectories.jsonl"]
+    assert (run / "eval" / "base-x.trajectories.jsonl").stat().st_mtime == 1_000_001

@@ -1,6 +1,7 @@
 import io
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -142,6 +143,44 @@ def test_agent_run_has_tools_chart(tmp_path):
     # No interval recorded in the results file: Wilson's from n, 5/20 overall and 4/8 for the question type.
     assert "| `rlkit/tiny-qwen3` | 20 | 0.250 [0.112, 0.469] | 9 | `eval/model0.json` |" in report
     assert "| ↳ comparison_query | 8 | 0.500 [0.215, 0.785] | | |" in report
+
+
+
+def _agent_episodes(path, episodes):
+    """A trajectories file: (question type, EM, F1, evidence recall, tool calls, rounds) per episode."""
+    path.write_text("".join(json.dumps({
+        "question_type": kind, "success": em == 1.0, "rounds": rounds, "turns": [], "messages": [],
+        "metrics": {"em": em, "f1": f1, "accuracy": em, "evidence_recall": recall},
+        "tool_calls": [{"name": "search", "seconds": 0.01}] * calls}) + "\n"
+        for kind, em, f1, recall, calls, rounds in episodes))
+
+
+def test_agent_evals_episodes_are_analysed_before_and_after_in_the_order_they_were_played(tmp_path):
+    rows = [{"step": s, "loss": 0.0, "reward": 0.5} for s in (1, 2)]
+    # Named so that the file order puts the trained model first; the base model's episodes were played first.
+    run = make_run(tmp_path / "agent", "grpo", rows, evals=[{**AGENT_EVAL, "model": "runs/x/adapter"}, AGENT_EVAL])
+    trained, base = run / "eval" / "model0.trajectories.jsonl", tmp_path / "elsewhere" / "base.trajectories.jsonl"
+    base.parent.mkdir()
+    _agent_episodes(base, [("comparison_query", 0.0, 0.0, 0.0, 0, 1), ("null_query", 0.0, 0.2, 0.0, 0, 1)])
+    _agent_episodes(trained, [("comparison_query", 1.0, 1.0, 1.0, 2, 3), ("null_query", 0.0, 0.5, 0.5, 1, 2)])
+    os.utime(base, (1_000_000, 1_000_000))
+    os.utime(trained, (2_000_000, 2_000_000))
+    for name, where in (("model0.json", "runs/gone/model0.trajectories.jsonl"), ("model1.json", str(base))):
+        result = json.loads((run / "eval" / name).read_text())  # recorded relative to a cwd that is gone: the
+        (run / "eval" / name).write_text(json.dumps(result | {"trajectories": where}))  # copy next to it counts
+    (run / "eval" / "model2.json").write_text(json.dumps(AGENT_EVAL | {"trajectories": "nowhere.jsonl"}))
+    summary = write_report(run)
+    assert [(e["file"], e["n"], e["f1"], e["tool_calls"], e["rounds"]) for e in summary["episodes"]] == [
+        ("model1.json", 2, 0.1, 0.0, {1: 2}), ("model0.json", 2, 0.75, 1.5, {2: 1, 3: 1})]
+    report = (run / "report.md").read_text()
+    lines = report.splitlines()
+    base_row = lines.index("| `eval/model1.json` | `rlkit/tiny-qwen3` | 2 | 0.000 [0.000, 0.658] | 0.100 [0.000, 0.200] "
+                           "| 0.000 | 0.00 | 1: 2 | comparison_query 0.00, null_query 0.20 |")
+    trained_row = next(i for i, line in enumerate(lines) if line.startswith("| `eval/model0.json` | `runs/x/adapter` | 2 "
+                                                                             "| 0.500 ["))
+    assert trained_row == base_row + 1
+    assert lines[trained_row].endswith("| 0.750 | 1.50 | 2: 1, 3: 1 | comparison_query 1.00, null_query 0.50 |")
+    assert "model2.json" not in "".join(lines[base_row:]).split("## ", 1)[0]  # no episodes: no row
 
 
 def test_ppo_keys(tmp_path):

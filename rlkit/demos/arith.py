@@ -15,12 +15,11 @@ about rlkit.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import GAIN_CAPTION, Stages, prepare
+from rlkit.demos.stages import GAIN_CAPTION, Stages, copy_evals, prepare
 from rlkit.recipe import recipes_dir
 
 SFT = "smol_arith_sft.yaml"
@@ -122,9 +121,7 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     console.rule("6/6  evaluate after GRPO (greedy)")
     grpo = timed("GRPO eval", lambda: evaluate_all("grpo", str(run_dir)))
     # The GRPO run's report.md then holds every stage's accuracies side by side, next to the reward curves.
-    (run_dir / "eval").mkdir(exist_ok=True)
-    for path in (output_dir / "eval").glob("*.json"):
-        shutil.copy(path, run_dir / "eval" / path.name)
+    copy_evals(output_dir / "eval", run_dir)
     ifeval_check(stages, recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(run_dir))],
                  run_dir / "eval" / "ifeval", limit=limit)
     write_report(run_dir)

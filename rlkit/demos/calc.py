@@ -14,13 +14,12 @@ Every stage goes through ``rlkit train`` / ``rlkit eval``'s code and is timed (:
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from rlkit import jsonl
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import GAIN_CAPTION, Stages, prepare
+from rlkit.demos.stages import GAIN_CAPTION, Stages, copy_evals, prepare
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO = "smol_calc_sft.yaml", "smol_calc_grpo.yaml"
@@ -85,9 +84,7 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     console.rule("6/6  evaluate after GRPO")
     grpo = stages.run("GRPO eval", lambda: evaluate_both("grpo", str(grpo_dir)))
     # The GRPO run's report.md then shows all three stages' accuracies next to its reward curves.
-    (grpo_dir / "eval").mkdir(exist_ok=True)
-    for path in (output_dir / "eval").glob("*.json"):
-        shutil.copy(path, grpo_dir / "eval" / path.name)
+    copy_evals(output_dir / "eval", grpo_dir)
     ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(grpo_dir))],
                  grpo_dir / "eval" / "ifeval")
     write_report(grpo_dir)

@@ -18,13 +18,12 @@ through the bring-your-own-data recipe: real questions, transfer only.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from rlkit import jsonl
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import Stages, prepare
+from rlkit.demos.stages import Stages, copy_evals, prepare
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO, BYOD = "smol_search_sft.yaml", "smol_search_grpo.yaml", "hotpotqa_byod_grpo.yaml"
@@ -129,9 +128,7 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     grpo_model = kept_adapter(grpo_dir, stages, console)
     console.rule("7/7  evaluate after GRPO")
     grpo = stages.run("GRPO eval", lambda: evaluate_all("grpo", grpo_model))
-    (grpo_dir / "eval").mkdir(exist_ok=True)
-    for path in (output_dir / "eval").glob("*.json"):
-        shutil.copy(path, grpo_dir / "eval" / path.name)
+    copy_evals(output_dir / "eval", grpo_dir)
     ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", grpo_model)],
                  grpo_dir / "eval" / "ifeval", limit=limit)
     write_report(grpo_dir)

@@ -1,10 +1,12 @@
-"""What every demo shares: the checks before any work (:func:`prepare`) and the stage timer with the closing
-table and ``demo.json`` (:class:`Stages`)."""
+"""What every demo shares: the checks before any work (:func:`prepare`), the stage timer with the closing
+table and ``demo.json`` (:class:`Stages`), and the evals copied into the trained run (:func:`copy_evals`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,9 +35,29 @@ def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
     return safety.make_dir(output_dir, "demo")
 
 
+def peak_rss_gb() -> float | None:
+    """The peak resident memory so far (GB, 1e9 bytes) of this process or of any child it waited for, whichever is
+    larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo. None where the
+    platform has no ``resource`` module (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # macOS counts bytes, Linux kB
+
+
+def copy_evals(eval_dir: Path, run_dir: Path) -> None:
+    """Every stage's results and episodes (``eval_dir``) into ``run_dir/eval``, their times kept, so that the
+    trained run's ``report.md`` shows all stages, played order included, from the run directory alone."""
+    (run_dir / "eval").mkdir(exist_ok=True)
+    for path in [*eval_dir.glob("*.json"), *eval_dir.glob("*.trajectories.jsonl")]:
+        shutil.copy2(path, run_dir / "eval" / path.name)
+
+
 class Stages:
-    """Times each stage of a demo and prints it with the 1-minute load average before and after: on a shared
-    machine the times say as much about the neighbours as about rlkit."""
+    """Times each stage of a demo and prints it with the 1-minute load average before and after (on a shared
+    machine the times say as much about the neighbours as about rlkit) and the peak resident memory so far."""
 
     def __init__(self, console: Any) -> None:
         self.console, self.rows, self.started = console, [], time.time()
@@ -46,10 +68,13 @@ class Stages:
     def run(self, name: str, work: Callable[[], Any]) -> Any:
         load_before, t = os.getloadavg()[0], time.time()
         value = work()
+        peak = peak_rss_gb()
         self.rows.append({"stage": name, "seconds": round(time.time() - t, 1),
-                          "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)})
+                          "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+                          "peak_rss_gb": None if peak is None else round(peak, 3)})
         self.console.print(f"[dim]{name}: {self.rows[-1]['seconds']:.0f}s (1-min load average "
-                           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)[/]")
+                           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+                           f"peak RSS so far {_gb(peak)})[/]")
         return value
 
     def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
@@ -59,11 +84,11 @@ class Stages:
         for table in self.tables:
             self.console.print(table)
         self.console.print(self.table())
-        total = time.time() - self.started
-        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs; the runs, evals and predictions are in "
-                           f"{output_dir}/")
+        total, peak = time.time() - self.started, peak_rss_gb()
+        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs, peak resident memory {_gb(peak)}; the runs, "
+                           f"evals and predictions are in {output_dir}/")
         summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
-                   "cpus": os.cpu_count()}
+                   "cpus": os.cpu_count(), "peak_rss_gb": None if peak is None else round(peak, 3)}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
         return summary
 
@@ -71,8 +96,13 @@ class Stages:
         from rich.table import Table
 
         times = Table(title="time per stage")
-        for col in ("stage", "seconds", "1-min load before", "after"):
+        for col in ("stage", "seconds", "1-min load before", "after", "peak RSS so far"):
             times.add_column(col, justify="left" if col == "stage" else "right")
         for s in self.rows:
-            times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}")
+            times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}",
+                          _gb(s.get("peak_rss_gb")))
         return times
+
+
+def _gb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} GB"

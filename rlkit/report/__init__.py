@@ -2,7 +2,9 @@
 
     RUN/plots/*.png   one chart per group of metrics the run logged (reward, loss, KL, lengths, ...)
     RUN/report.md     what the run was, a first/last/min/max table of its key metrics, its evals (with IFEval's
-                      base -> trained check from RUN/eval/ifeval/ifeval.json, flagged past its tolerance), the charts
+                      base -> trained check from RUN/eval/ifeval/ifeval.json, flagged past its tolerance), the
+                      `rlkit analyze` numbers of every agent eval's episodes in the order they ran (base before
+                      trained: EM, F1, evidence recall, tool calls, rounds, F1 per question type), the charts
 
 Charts are drawn only for metrics present in ``metrics.jsonl``; the x axis is TRL's ``global_step``. A value
 that is missing, null or NaN is skipped, not drawn as zero. Every file is written under a temporary name and
@@ -51,6 +53,7 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     label = name if run_dir.name == name else f"{name} ({run_dir.name})"
     algorithm = str(recipe.get("algorithm", "?"))
     evals = _read_evals(run_dir / "eval")
+    episodes = _agent_episodes(run_dir / "eval", evals)
 
     plots_dir = run_dir / PLOTS
     plots_dir.mkdir(exist_ok=True)
@@ -66,7 +69,8 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         keys += [key for key in drawn if key not in keys]
     table = [_row(key, rows) for key in keys]
     best = json.loads((run_dir / "best.json").read_text()) if (run_dir / "best.json").exists() else None
-    summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals, "best": best,
+    summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals,
+               "episodes": episodes, "best": best,
                "ifeval": _read_ifeval(run_dir / "eval" / "ifeval" / "ifeval.json"),
                "plots": [c["path"] for c in charts], "report": run_dir / REPORT,
                **_progress(recipe, rows, run_dir)}
@@ -94,8 +98,33 @@ def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:
             out.append({"file": path.name, "model": str(result.get("model", path.stem)), "n": result.get("n"),
                         "metric": str(result.get("metric", "accuracy")), "accuracy": result["accuracy"],
                         "interval": result.get("interval"), "seconds": result.get("seconds"),
-                        "by_question_type": result.get("by_question_type") or {}})
+                        "by_question_type": result.get("by_question_type") or {},
+                        "trajectories": result.get("trajectories")})
     return out
+
+
+def _agent_episodes(eval_dir: Path, evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rlkit analyze`` of each agent eval's episodes (the evals whose results name a trajectories file that is
+    there: as recorded, or by its name next to the results), in the order they were played; one summary row each."""
+    from rlkit.analyze import EVIDENCE, analyze
+
+    found = []
+    for e in evals:
+        recorded = e.get("trajectories")
+        candidates = [Path(recorded), eval_dir / Path(recorded).name] if isinstance(recorded, str) else []
+        path = next((c for c in candidates if c.is_file()), None)
+        if path is not None:
+            found.append((path.stat().st_mtime, e, path))
+    rows = []
+    for _, e, path in sorted(found, key=lambda item: item[0]):
+        report = analyze(path)
+        answers, shape = report["answers"], report["outcomes"]["all"]
+        rows.append({"file": e["file"], "model": e["model"], "n": report["episodes"],
+                     **{key: answers["all"][key] for key in ("em", "f1")},
+                     "intervals": answers["all"]["intervals"], EVIDENCE: answers["all"].get(EVIDENCE),
+                     "tool_calls": shape["tool_calls"]["mean"], "rounds": shape["rounds"]["histogram"],
+                     "f1_by_type": {kind: row["f1"] for kind, row in answers.items() if kind != "all"}})
+    return rows
 
 
 def _read_ifeval(path: Path) -> dict[str, Any] | None:
@@ -130,6 +159,30 @@ def _ifeval_lines(summary: dict[str, Any]) -> list[str]:
                       f"{c['against']}'s, more than the tolerance {c['tolerance']:.3f}.**" if c["flagged"] else
                   f"IFEval: {c['role']} is within tolerance (prompt strict {c['prompt_strict']['diff']:+.3f} against "
                   f"{c['against']}, tolerance {c['tolerance']:.3f})."]
+    return lines
+
+
+def _episode_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Report lines: one row per agent eval, as ``rlkit analyze`` scores its episodes."""
+    from rlkit.analyze import EVIDENCE
+
+    def mean(row: dict[str, Any], key: str) -> str:
+        bounds = row["intervals"].get(key)
+        if row[key] is None:
+            return "-"
+        return f"{row[key]:.3f}" + (f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else "")
+
+    lines = ["", "## Agent episodes", "",
+             "`rlkit analyze` of each agent eval's trajectories, in the order they were played (EM: 95% Wilson "
+             "interval, F1: 95% bootstrap interval).", "",
+             "| eval | model | n | EM | F1 | evidence recall | tool calls per episode | rounds (rounds: episodes) "
+             "| F1 per question type |", "|---" * 9 + "|"]
+    for r in rows:
+        recall = "-" if r[EVIDENCE] is None else f"{r[EVIDENCE]:.3f}"
+        rounds = ", ".join(f"{k}: {v}" for k, v in r["rounds"].items())
+        kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["f1_by_type"].items() if v is not None)
+        lines.append(f"| `eval/{r['file']}` | `{r['model']}` | {r['n']} | {mean(r, 'em')} | {mean(r, 'f1')} | {recall} "
+                     f"| {r['tool_calls']:.2f} | {rounds} | {kinds or '-'} |")
     return lines
 
 
@@ -184,6 +237,8 @@ def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
                          f"| `eval/{e['file']}` |")
             lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {_accuracy(row)} | | |"
                       for kind, row in e["by_question_type"].items() if isinstance(row, dict)]
+    if s.get("episodes"):
+        lines += _episode_lines(s["episodes"])
     if s.get("ifeval"):
         lines += _ifeval_lines(s["ifeval"])
     if s.get("best"):
