@@ -179,9 +179,9 @@ def render(rows: list[dict[str, Any]]) -> str:
                    r.get("decided_flips", "-"), num(r, "adapter_effect_max_abs_logit", 3), status(r)]
                   for r in ordered if r["case"].startswith("merge")]
     profiled = [r for r in ordered if r.get("phases")]
+    header = ["phase", "seconds", "share", "peak GiB", "calls"]
     phase_parts = [f"### {r['size']} {r['case']} (peak: {r.get('phase_memory', '-')})\n\n"
-                   + markdown(table("phases", ["phase", "seconds", "share", "peak GiB", "calls"], phase_rows(r["phases"])))
-                   for r in profiled]
+                   + markdown(table("phases", header, phase_rows(r["phases"]))) for r in profiled]
     gpus = sorted({r["gpu"] for r in ordered if r.get("gpu")})
     parts = ["# GPU check (`bench/gpu.py`)",
              f"GPU: {', '.join(gpus) if gpus else 'none: no case has run on a GPU'}. Latest row per size and case "

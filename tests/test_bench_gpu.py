@@ -118,12 +118,11 @@ def test_a_grpo_case_reports_its_step_phase_by_phase_and_the_phases_add_up_to_th
     import gpu
     import gpu_case
     import stepprobe
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
 
     from rlkit.recipe import validate
     from rlkit.train import build_trainer
-
-    from accelerate import Accelerator
-    from trl import GRPOTrainer
 
     raw = gpu_case.recipe("grpo-hf-bf16-lora", tiny_model_dir)
     raw["trainer"].update(max_steps=3, max_completion_length=32, bf16=False)
