@@ -145,8 +145,7 @@ def test_agent_run_has_tools_chart(tmp_path):
     assert "| ↳ comparison_query | 8 | 0.500 [0.215, 0.785] | | |" in report
 
 
-
-def _agent_episodes(path, episodes):
+def _write_trajectories(path, episodes):
     """A trajectories file: (question type, EM, F1, evidence recall, tool calls, rounds) per episode."""
     path.write_text("".join(json.dumps({
         "question_type": kind, "success": em == 1.0, "rounds": rounds, "turns": [], "messages": [],
@@ -157,30 +156,42 @@ def _agent_episodes(path, episodes):
 
 def test_agent_evals_episodes_are_analysed_before_and_after_in_the_order_they_were_played(tmp_path):
     rows = [{"step": s, "loss": 0.0, "reward": 0.5} for s in (1, 2)]
+    two = {**AGENT_EVAL, "n": 2}
     # Named so that the file order puts the trained model first; the base model's episodes were played first.
-    run = make_run(tmp_path / "agent", "grpo", rows, evals=[{**AGENT_EVAL, "model": "runs/x/adapter"}, AGENT_EVAL])
+    run = make_run(tmp_path / "agent", "grpo", rows, evals=[{**two, "model": "runs/x/adapter"}, two, two, two])
     trained, base = run / "eval" / "model0.trajectories.jsonl", tmp_path / "elsewhere" / "base.trajectories.jsonl"
     base.parent.mkdir()
-    _agent_episodes(base, [("comparison_query", 0.0, 0.0, 0.0, 0, 1), ("null_query", 0.0, 0.2, 0.0, 0, 1)])
-    _agent_episodes(trained, [("comparison_query", 1.0, 1.0, 1.0, 2, 3), ("null_query", 0.0, 0.5, 0.5, 1, 2)])
-    os.utime(base, (1_000_000, 1_000_000))
-    os.utime(trained, (2_000_000, 2_000_000))
-    for name, where in (("model0.json", "runs/gone/model0.trajectories.jsonl"), ("model1.json", str(base))):
-        result = json.loads((run / "eval" / name).read_text())  # recorded relative to a cwd that is gone: the
-        (run / "eval" / name).write_text(json.dumps(result | {"trajectories": where}))  # copy next to it counts
-    (run / "eval" / "model2.json").write_text(json.dumps(AGENT_EVAL | {"trajectories": "nowhere.jsonl"}))
+    _write_trajectories(base, [("comparison_query", 0.0, 0.0, 0.0, 0, 1), ("null_query", 0.0, 0.2, 0.0, 0, 1)])
+    _write_trajectories(trained, [("comparison_query", 1.0, 1.0, 1.0, 2, 3), ("null_query", 0.0, 0.5, 0.5, 1, 2)])
+    # Where the results say: the copy next to them first (the path was recorded relative to another cwd), else
+    # the recorded path; an eval cut short (1 episode of 2) and a file that is not JSON lines are rows that say so.
+    (run / "eval" / "model2.trajectories.jsonl").write_text((run / "eval" / "model0.trajectories.jsonl").read_text()
+                                                            .splitlines()[0] + "\n")
+    (run / "eval" / "model3.trajectories.jsonl").write_text("not json\n{}\n")
+    for path, when in [(base, 1), (trained, 2), (run / "eval" / "model2.trajectories.jsonl", 3),
+                       (run / "eval" / "model3.trajectories.jsonl", 4)]:
+        os.utime(path, (when * 1_000_000, when * 1_000_000))
+    recorded = {"model0.json": "runs/gone/model0.trajectories.jsonl", "model1.json": str(base),
+                "model2.json": "model2.trajectories.jsonl", "model3.json": "model3.trajectories.jsonl"}
+    for name, where in recorded.items():
+        result = json.loads((run / "eval" / name).read_text())
+        (run / "eval" / name).write_text(json.dumps(result | {"trajectories": where}))
+    (run / "eval" / "model4.json").write_text(json.dumps(two | {"trajectories": "nowhere.jsonl"}))  # no row
     summary = write_report(run)
-    assert [(e["file"], e["n"], e["f1"], e["tool_calls"], e["rounds"]) for e in summary["episodes"]] == [
-        ("model1.json", 2, 0.1, 0.0, {1: 2}), ("model0.json", 2, 0.75, 1.5, {2: 1, 3: 1})]
-    report = (run / "report.md").read_text()
-    lines = report.splitlines()
-    base_row = lines.index("| `eval/model1.json` | `rlkit/tiny-qwen3` | 2 | 0.000 [0.000, 0.658] | 0.100 [0.000, 0.200] "
-                           "| 0.000 | 0.00 | 1: 2 | comparison_query 0.00, null_query 0.20 |")
-    trained_row = next(i for i, line in enumerate(lines) if line.startswith("| `eval/model0.json` | `runs/x/adapter` | 2 "
-                                                                             "| 0.500 ["))
-    assert trained_row == base_row + 1
-    assert lines[trained_row].endswith("| 0.750 | 1.50 | 2: 1, 3: 1 | comparison_query 1.00, null_query 0.50 |")
-    assert "model2.json" not in "".join(lines[base_row:]).split("## ", 1)[0]  # no episodes: no row
+    assert [(e["file"], e.get("n"), e.get("f1"), e.get("tool_calls"), e.get("rounds")) for e in summary["episodes"]] == [
+        ("model1.json", 2, 0.1, 0.0, {1: 2}), ("model0.json", 2, 0.75, 1.5, {2: 1, 3: 1}),
+        ("model2.json", None, None, None, None), ("model3.json", None, None, None, None)]
+    assert summary["episodes"][2]["problem"] == "1 episodes where the results count 2"
+    assert summary["episodes"][3]["problem"].startswith("cannot be analysed: ")
+    lines = (run / "report.md").read_text().splitlines()
+    first = lines.index("| `eval/model1.json` | `rlkit/tiny-qwen3` | 2 | 0.000 [0.000, 0.658] | 0.100 [0.000, 0.200] "
+                        "| 0.000 | 0.00 | 1:2 | comparison_query 0.000, null_query 0.200 |")
+    assert lines[first + 1].startswith("| `eval/model0.json` | `runs/x/adapter` | 2 | 0.500 [")
+    assert lines[first + 1].endswith("| 0.750 | 1.50 | 2:1 3:1 | comparison_query 1.000, null_query 0.500 |")
+    assert lines[first + 2].startswith("| `eval/model2.json` | `rlkit/tiny-qwen3` | - | ")
+    assert lines[first + 2].endswith(": 1 episodes where the results count 2 | | | | | |")
+    assert lines[first + 3].startswith("| `eval/model3.json` | `rlkit/tiny-qwen3` | - | ")
+    assert lines[first + 4] == ""  # model4's episodes are nowhere: no row
 
 
 def test_ppo_keys(tmp_path):

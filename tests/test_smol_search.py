@@ -116,6 +116,15 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
     assert f"init_from: {demo / 'sft'}" in (demo / "grpo" / "recipe.resolved.yaml").read_text()
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.json")) == sorted(
         f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in slugs)
+    assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.trajectories.jsonl")) == sorted(
+        f"{tag}-{slug}.trajectories.jsonl" for tag in ("base", "sft", "grpo") for slug in slugs)
+    # report.md analyses every stage's episodes in the order they were played: base, then SFT, then GRPO
+    report = (demo / "grpo" / "report.md").read_text()
+    rows = [line.split("`")[1] for line in report.split("## Agent episodes", 1)[1].splitlines()
+            if line.startswith("| `eval/")]
+    assert rows == [f"eval/{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in slugs]
+    peaks = [s["peak_rss_gb"] for s in summary["stages"]]
+    assert peaks[0] > 0.1 and peaks == sorted(peaks) and summary["peak_rss_gb"] >= peaks[-1]
     kept = json.loads((demo / "grpo" / "best.json").read_text())  # step 0 or 1: the agent eval's pick is evaluated
     assert summary["grpo_kept"]["step"] == kept["step"] in (0, 1)
     assert json.loads((demo / "grpo" / "eval" / "grpo-heldout.json").read_text())["model"].endswith("best")

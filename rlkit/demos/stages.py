@@ -35,16 +35,13 @@ def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
     return safety.make_dir(output_dir, "demo")
 
 
-def peak_rss_gb() -> float | None:
-    """The peak resident memory so far (GB, 1e9 bytes) of this process or of any child it waited for, whichever is
-    larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo. None where the
-    platform has no ``resource`` module (Windows)."""
-    try:
-        import resource
-    except ImportError:
-        return None
+def peak_rss_gb() -> float:
+    """The peak resident memory so far (GB, 1e9 bytes, to 3 decimals) of this process or of any child it waited for,
+    whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo."""
+    import resource
+
     peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # macOS counts bytes, Linux kB
+    return round(peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9, 3)  # macOS counts bytes, Linux kB
 
 
 def copy_evals(eval_dir: Path, run_dir: Path) -> None:
@@ -71,14 +68,15 @@ class Stages:
         peak = peak_rss_gb()
         self.rows.append({"stage": name, "seconds": round(time.time() - t, 1),
                           "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
-                          "peak_rss_gb": None if peak is None else round(peak, 3)})
+                          "peak_rss_gb": peak})
         self.console.print(f"[dim]{name}: {self.rows[-1]['seconds']:.0f}s (1-min load average "
                            f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
                            f"peak RSS so far {_gb(peak)})[/]")
         return value
 
     def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
-        """Print the time per stage and the total; write and return the summary (``output_dir/demo.json``)."""
+        """Print the time per stage, the total and the peak resident memory; write and return the summary
+        (``output_dir/demo.json``)."""
         from rlkit import safety
 
         for table in self.tables:
@@ -88,7 +86,7 @@ class Stages:
         self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs, peak resident memory {_gb(peak)}; the runs, "
                            f"evals and predictions are in {output_dir}/")
         summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
-                   "cpus": os.cpu_count(), "peak_rss_gb": None if peak is None else round(peak, 3)}
+                   "cpus": os.cpu_count(), "peak_rss_gb": peak}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
         return summary
 
@@ -100,9 +98,9 @@ class Stages:
             times.add_column(col, justify="left" if col == "stage" else "right")
         for s in self.rows:
             times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}",
-                          _gb(s.get("peak_rss_gb")))
+                          _gb(s["peak_rss_gb"]))
         return times
 
 
-def _gb(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} GB"
+def _gb(value: float) -> str:
+    return f"{value:.2f} GB"

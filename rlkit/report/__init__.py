@@ -104,26 +104,35 @@ def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:
 
 
 def _agent_episodes(eval_dir: Path, evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``rlkit analyze`` of each agent eval's episodes (the evals whose results name a trajectories file that is
-    there: as recorded, or by its name next to the results), in the order they were played; one summary row each."""
+    """``rlkit analyze`` of each agent eval's episodes, one summary row each, in the order they were played (their
+    files' times, which the demos keep when they copy them). The episodes are the trajectories file the results
+    name, next to them or else where recorded; an eval without one has no row, and one whose file cannot be read
+    or does not hold the results' n episodes (an eval replaced or cut short since) has a row saying so."""
     from rlkit.analyze import EVIDENCE, analyze
 
     found = []
     for e in evals:
         recorded = e.get("trajectories")
-        candidates = [Path(recorded), eval_dir / Path(recorded).name] if isinstance(recorded, str) else []
+        candidates = [eval_dir / Path(recorded).name, Path(recorded)] if isinstance(recorded, str) else []
         path = next((c for c in candidates if c.is_file()), None)
         if path is not None:
             found.append((path.stat().st_mtime, e, path))
     rows = []
     for _, e, path in sorted(found, key=lambda item: item[0]):
-        report = analyze(path)
+        row: dict[str, Any] = {"file": e["file"], "model": e["model"], "trajectories": str(path)}
+        try:
+            report = analyze(path)
+        except UserError as error:
+            rows.append(row | {"problem": f"cannot be analysed: {error}"})
+            continue
+        if report["episodes"] != e["n"]:
+            rows.append(row | {"problem": f"{report['episodes']} episodes where the results count {e['n']}"})
+            continue
         answers, shape = report["answers"], report["outcomes"]["all"]
-        rows.append({"file": e["file"], "model": e["model"], "n": report["episodes"],
-                     **{key: answers["all"][key] for key in ("em", "f1")},
-                     "intervals": answers["all"]["intervals"], EVIDENCE: answers["all"].get(EVIDENCE),
-                     "tool_calls": shape["tool_calls"]["mean"], "rounds": shape["rounds"]["histogram"],
-                     "f1_by_type": {kind: row["f1"] for kind, row in answers.items() if kind != "all"}})
+        rows.append(row | {"n": report["episodes"], **{key: answers["all"][key] for key in ("em", "f1")},
+                           "intervals": answers["all"]["intervals"], EVIDENCE: answers["all"].get(EVIDENCE),
+                           "tool_calls": shape["tool_calls"]["mean"], "rounds": shape["rounds"]["histogram"],
+                           "f1_by_type": {kind: row["f1"] for kind, row in answers.items() if kind != "all"}})
     return rows
 
 
@@ -166,22 +175,21 @@ def _episode_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Report lines: one row per agent eval, as ``rlkit analyze`` scores its episodes."""
     from rlkit.analyze import EVIDENCE
 
-    def mean(row: dict[str, Any], key: str) -> str:
-        bounds = row["intervals"].get(key)
-        if row[key] is None:
-            return "-"
-        return f"{row[key]:.3f}" + (f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else "")
-
     lines = ["", "## Agent episodes", "",
-             "`rlkit analyze` of each agent eval's trajectories, in the order they were played (EM: 95% Wilson "
-             "interval, F1: 95% bootstrap interval).", "",
-             "| eval | model | n | EM | F1 | evidence recall | tool calls per episode | rounds (rounds: episodes) "
+             "`rlkit analyze` of each agent eval's trajectories, in the order they were played (95% interval: Wilson "
+             "for 0/1 scores, bootstrap for graded ones).", "",
+             "| eval | model | n | EM | F1 | evidence recall | tool calls per episode | rounds (rounds:episodes) "
              "| F1 per question type |", "|---" * 9 + "|"]
     for r in rows:
+        if "problem" in r:
+            problem = f"`{r['trajectories']}`: {r['problem']}".replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| `eval/{r['file']}` | `{r['model']}` | - | {problem} |" + " |" * 5)
+            continue
+        cells = [show_accuracy(r[key], None, r["intervals"].get(key)) for key in ("em", "f1")]
         recall = "-" if r[EVIDENCE] is None else f"{r[EVIDENCE]:.3f}"
-        rounds = ", ".join(f"{k}: {v}" for k, v in r["rounds"].items())
-        kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["f1_by_type"].items() if v is not None)
-        lines.append(f"| `eval/{r['file']}` | `{r['model']}` | {r['n']} | {mean(r, 'em')} | {mean(r, 'f1')} | {recall} "
+        rounds = " ".join(f"{k}:{v}" for k, v in r["rounds"].items())
+        kinds = ", ".join(f"{k} {v:.3f}" for k, v in r["f1_by_type"].items() if v is not None)
+        lines.append(f"| `eval/{r['file']}` | `{r['model']}` | {r['n']} | {' | '.join(cells)} | {recall} "
                      f"| {r['tool_calls']:.2f} | {rounds} | {kinds or '-'} |")
     return lines
 
