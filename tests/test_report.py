@@ -145,6 +145,23 @@ def test_agent_run_has_tools_chart(tmp_path):
     assert "| ↳ comparison_query | 8 | 0.500 [0.215, 0.785] | | |" in report
 
 
+def test_agent_eval_chart_and_table_start_at_step_0_which_the_trainer_never_logs(tmp_path):
+    # The trainer logs the agent eval with the step it ran at (2 here), never step 0 (before any update) nor a step
+    # it did not log; agent_eval.jsonl has every one, each F1 with its interval.
+    rows = [{"step": s, "loss": 0.1, "reward": 0.5, **({"agent_eval/f1": 0.6, "agent_eval/em": 0.5} if s == 2 else {})}
+            for s in (1, 2, 3)]
+    run = make_run(tmp_path / "agent", "grpo", rows)
+    (run / "agent_eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"step": 0, "n": 20, "f1": 0.4, "f1_interval": [0.2, 0.6], "em": 0.35},
+        {"step": 2, "n": 20, "f1": 0.6, "f1_interval": [0.4, 0.8], "em": 0.5},
+        {"step": 3, "n": 20, "f1": 0.55, "f1_interval": [0.35, 0.75], "em": 0.45}]))
+    summary = write_report(run)
+    f1 = next(r for r in summary["rows"] if r["metric"] == "agent_eval/f1")
+    assert (f1["first"], f1["last"], f1["min"], f1["max"], f1["steps"]) == (0.4, 0.55, 0.4, 0.6, 3)
+    assert "agent_eval.png" in pngs(run) and not any(r["metric"].endswith(("_low", "_high")) for r in summary["rows"])
+    assert "| `agent_eval/em` | 0.35 | 0.45 | 0.35 | 0.5 | 3 |" in (run / "report.md").read_text()
+
+
 def _write_trajectories(path, episodes):
     """A trajectories file: (question type, EM, F1, evidence recall, tool calls, rounds) per episode."""
     path.write_text("".join(json.dumps({

@@ -28,6 +28,7 @@ from rlkit.stats import show_accuracy, show_diff
 
 PLOTS = "plots"
 REPORT = "report.md"
+AGENT_EVAL = "agent_eval.jsonl"  # rlkit.evaluate.during's scores, step 0 (before any update) included
 _TRAINER_KEYS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                  "beta", "max_completion_length", "num_train_epochs")
 
@@ -45,7 +46,7 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         raise UserError(f"{run_dir}: not a run directory (no {runs.RESOLVED}); pass the --output-dir of an "
                         "`rlkit train` run")
     recipe = runs.read_resolved(run_dir) or {}
-    rows = _read_metrics(run_dir / runs.METRICS)
+    rows = _with_agent_evals(_read_metrics(run_dir / runs.METRICS), run_dir / AGENT_EVAL)
     if not any(_numbers(row) for row in rows):
         raise UserError(f"{run_dir}: no metrics yet ({runs.METRICS} is missing or empty); wait for the first "
                         "logging step or lower trainer.logging_steps")
@@ -84,6 +85,24 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
     from rlkit.jsonl import read_records
 
     return read_records(path, torn_tail="drop", missing_ok=True)
+
+
+def _with_agent_evals(rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """The metric rows with every agent eval of ``agent_eval.jsonl`` in them: its F1, EM and F1 interval on the row
+    of its step that logged it, else on a row of its own (the trainer logs nothing at step 0, before any update,
+    and the chart must start where training started). In step order."""
+    from rlkit.jsonl import read_records
+
+    for entry in read_records(path, torn_tail="drop", missing_ok=True):
+        low, high = entry.get("f1_interval") or (None, None)
+        scores = {"agent_eval/f1": entry.get("f1"), "agent_eval/em": entry.get("em"),
+                  "agent_eval/f1_low": low, "agent_eval/f1_high": high}
+        logged = next((r for r in rows if r.get("step") == entry.get("step") and "agent_eval/f1" in r), None)
+        if logged is None:
+            rows.append({"step": entry.get("step"), **scores})
+        else:
+            logged.update(scores)
+    return sorted(rows, key=lambda row: finite_number(row.get("step")) or 0)
 
 
 def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:

@@ -148,10 +148,12 @@ CHARTS = (
                            ("entropy (nats/token)", [Line("entropy", "train")])], requires=("mean_token_accuracy",)),
     Chart("eval.png", "eval accuracy", "Accuracy of each evaluated model (`rlkit eval`, bars) and of the trainer's "
           "own evaluation over steps."),
-    Chart("agent_eval.png", "agent eval during training", "The agent's greedy F1 and EM on held-out questions every "
-          "`eval.agent_every` steps (`agent_eval.jsonl`); the best step's adapter is kept in `best/`.",
-          lambda rows, _: [("held-out score (fraction)", [Line("agent_eval/f1", "F1 (greedy)"),
-                                                          Line("agent_eval/em", "EM (greedy)")])]),
+    Chart("agent_eval.png", "agent eval during training", "The agent's greedy F1 (with its 95% bootstrap interval) "
+          "and EM on held-out questions at step 0 (the model training started from) and every `eval.agent_every` "
+          "steps (`agent_eval.jsonl`); the best step's adapter is kept in `best/`.",
+          lambda rows, _: [("held-out score (fraction)", [
+              Line("agent_eval/f1", "F1 (greedy)", low="agent_eval/f1_low", high="agent_eval/f1_high",
+                   band="F1's 95% interval"), Line("agent_eval/em", "EM (greedy)")])]),
     Chart("learning_rate.png", "learning rate", "The learning-rate schedule.",
           lambda rows, _: [("learning rate (optimizer step size)",
                             [Line("learning_rate", "learning rate"), Line("lr", "learning rate (PPO)")])]),
