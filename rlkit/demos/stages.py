@@ -37,7 +37,9 @@ def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
 
 def peak_rss_gb() -> float:
     """The peak resident memory so far (GB, 1e9 bytes, to 3 decimals) of this process or of any child it waited for,
-    whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo."""
+    whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo. Like
+    ``time -v``, it starts at the resident size of the process that forked it (Linux carries that across exec): from
+    ``make`` or a shell that is nothing; from inside a large Python process it is that process's size."""
     import resource
 
     peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
