@@ -3,7 +3,7 @@
 The recipe's trainer is built as `rlkit train` builds it (model in the recipe's dtype, TRL's LoRA), then
 `GRPOTrainer.compute_loss` and the backward run on random token ids of a given shape (batch x prompt +
 completion), with and without gradient checkpointing. glibc's mmap threshold is pinned at 128 KiB so that RSS
-follows live tensors (rlkit/trainers/cpu_memory.py); each figure is a difference of RSS (`VmRSS`, or the
+follows live tensors (rlkit/cpu_memory.py); each figure is a difference of RSS (`VmRSS`, or the
 high-water `VmHWM` reset through /proc/self/clear_refs) against the RSS before the forward:
 
 - kept: what the forward leaves alive for the backward (saved activations, completion logits)
@@ -42,7 +42,7 @@ def measure(trainer, batch: int, prompt: int, completion: int, checkpointing: bo
 
     import torch
 
-    from rlkit.trainers.cpu_memory import _libc
+    from rlkit.cpu_memory import _libc
 
     model = trainer.model
     model.train()
@@ -82,7 +82,7 @@ def main(recipe: str, shapes: list[str], checkpointing: bool, threshold_kb: int)
     sys.path.insert(0, str(ROOT))
     from rlkit.recipe import load_recipe
     from rlkit.train import build_trainer
-    from rlkit.trainers.cpu_memory import keep_heap_small
+    from rlkit.cpu_memory import keep_heap_small
 
     keep_heap_small(threshold_kb * 1024)
     with tempfile.TemporaryDirectory(prefix="rlkit-loss-memory-") as tmp:

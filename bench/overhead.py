@@ -13,7 +13,7 @@ accepts the rewards (a reward that paid a wrong answer more than a right one wou
 
 The rlkit side starts as the `rlkit` command does: torch's huge pages for large tensors switched on
 (`rlkit.compat.torch_huge_pages`) before anything else, since rlkit's CPU training pins glibc's heap threshold
-(`rlkit.trainers.cpu_memory`), which without them costs a page fault per 4 KiB of every large tensor.
+(`rlkit.cpu_memory`), which without them costs a page fault per 4 KiB of every large tensor.
 
 Each run is a fresh process. torch, transformers, trl, peft and datasets are imported before the clock
 starts on both sides; everything after that counts (rlkit's own imports, recipe validation, data, model

@@ -284,7 +284,7 @@ def torch_huge_pages() -> None:
     """Have torch back each CPU tensor of 2 MiB or more with transparent huge pages, through its own switch
     ``THP_MEM_ALLOC_ENABLE=1`` (c10's ``alloc_cpu`` then ``madvise(MADV_HUGEPAGE)``s such buffers; torch 2.13).
 
-    rlkit's CPU training pins glibc's mmap threshold (:mod:`rlkit.trainers.cpu_memory`), so every large
+    rlkit's CPU training pins glibc's mmap threshold (:mod:`rlkit.cpu_memory`), so every large
     tensor is a fresh mapping, faulted in 4 KiB pages on first touch; in 2 MiB pages that is 512 times
     fewer faults: smol_arith_grpo (32 sequences a step, 2 idle cores) 60 -> 32 s a step, peak RSS 1.70 ->
     1.71 GB, the same losses and rewards to the last digit (docs/performance.md). Torch reads the variable

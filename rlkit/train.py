@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit import backends, compat, handoff, progress, report, runs, safety, secrets, tracking
+from rlkit import backends, compat, cpu_memory, handoff, progress, report, runs, safety, secrets, tracking
 from rlkit.backends import backend_request, cuda_available
 from rlkit.backends.hf import loaded_base
 from rlkit.errors import Interrupted, UserError
@@ -23,7 +23,7 @@ from rlkit.evaluate.during import agent_eval_callback
 from rlkit.launch import is_main_process, rank_info
 from rlkit.recipe import Recipe, load_recipe
 from rlkit.tiny import resolve_model_id
-from rlkit.trainers import BUILDERS, cpu_memory, trainer_config
+from rlkit.trainers import BUILDERS, trainer_config
 from rlkit.vllm_serve import check_server_mode, prequantized
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from tests.test_train import recipes_dir, run_two_steps
 
 CHURN = textwrap.dedent("""
     import sys, torch
-    from rlkit.trainers.cpu_memory import keep_heap_small
+    from rlkit.cpu_memory import keep_heap_small
 
     def rss():
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
@@ -47,7 +47,7 @@ def test_freed_tensors_leave_the_process_once_the_heap_is_kept_small():
 
 @pytest.mark.parametrize("value,threshold", [("", 4 * 2**20), ("128", 128 * 1024), ("0", 0), ("32768", 2**25)])
 def test_the_mmap_threshold_comes_from_the_environment(monkeypatch, value, threshold):
-    from rlkit.trainers import cpu_memory
+    from rlkit import cpu_memory
 
     monkeypatch.setenv(cpu_memory.ENV, value)
     assert cpu_memory._from_env() == threshold
@@ -56,7 +56,7 @@ def test_the_mmap_threshold_comes_from_the_environment(monkeypatch, value, thres
 @pytest.mark.parametrize("value", ["-1", "4M", "40000"])
 def test_a_bad_mmap_threshold_is_one_line(monkeypatch, value):
     from rlkit.errors import UserError
-    from rlkit.trainers import cpu_memory
+    from rlkit import cpu_memory
 
     monkeypatch.setenv(cpu_memory.ENV, value)
     with pytest.raises(UserError, match="RLKIT_MMAP_THRESHOLD_KB=.*kilobytes from 0"):
@@ -71,7 +71,7 @@ def _two_steps(tmp_path, name, overrides):
 
 
 def test_gradient_checkpointing_and_the_small_heap_leave_grpo_numbers_unchanged(tmp_path):
-    from rlkit.trainers.cpu_memory import keep_heap_small
+    from rlkit.cpu_memory import keep_heap_small
 
     plain = _two_steps(tmp_path, "plain", ["trainer.gradient_checkpointing=false"])
     keep_heap_small()
@@ -84,7 +84,7 @@ def test_gradient_checkpointing_and_the_small_heap_leave_grpo_numbers_unchanged(
 
 RELAX = textwrap.dedent("""
     import sys, torch
-    from rlkit.trainers.cpu_memory import small_heap
+    from rlkit.cpu_memory import small_heap
 
     def rss():
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
@@ -114,7 +114,7 @@ def test_the_small_heap_holds_only_while_training():
 
 TRIM = textwrap.dedent("""
     import torch
-    from rlkit.trainers.cpu_memory import small_heap, trim_each_step
+    from rlkit.cpu_memory import small_heap, trim_each_step
 
     def rss():
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
@@ -143,7 +143,7 @@ def test_the_step_end_trim_returns_freed_heap_pages():
 
 SMALL_CHURN = textwrap.dedent("""
     import torch
-    from rlkit.trainers import cpu_memory
+    from rlkit import cpu_memory
 
     calls = []
     real = cpu_memory._libc()
@@ -208,7 +208,7 @@ def test_rlkit_train_trims_the_heap_after_every_step(tmp_path, monkeypatch):
     """`rlkit train` on CPU installs the step-end trim: the real callback, counted, runs once per optimizer step."""
     from rlkit.recipe import recipes_dir as shipped
     from rlkit.train import train
-    from rlkit.trainers import cpu_memory
+    from rlkit import cpu_memory
 
     trims, real = [], cpu_memory.trim_each_step
 
@@ -238,7 +238,7 @@ def test_the_heap_is_trimmed_after_the_step_0_agent_eval_before_the_first_step(t
     handed back before the first step starts (the search recipe's step 1 began at 1.91 GB, its others at ~1.2)."""
     import rlkit.train
     from rlkit.recipe import recipes_dir as shipped
-    from rlkit.trainers import cpu_memory
+    from rlkit import cpu_memory
 
     order, libc, real_eval = [], cpu_memory._libc(), rlkit.train.agent_eval_callback
 

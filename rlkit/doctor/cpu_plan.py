@@ -20,7 +20,7 @@ larger of the two phases (bench/results/grpo_step_history.md profiles them). Ter
   aten/src/ATen/native/LinearAlgebra.cpp) materialised the head once per sequence (57 MB for SmolLM2 in bf16,
   0.9 GB for 16 sequences). rlkit's CPU loads make the head's input contiguous first
   (rlkit/backends/hf.py ``contiguous_head_input``), which costs the slice's own size.
-- heap: rlkit pins glibc's mmap threshold (rlkit/trainers/cpu_memory.py, 4 MiB by default). Tensors below it
+- heap: rlkit pins glibc's mmap threshold (rlkit/cpu_memory.py, 4 MiB by default). Tensors below it
   come from glibc's heap, whose freed pages stay in the process while a live block sits above them.
 
 The constants were measured on SmolLM2-135M-Instruct (bf16, eager attention, LoRA r=16 on all linears) with
@@ -176,7 +176,7 @@ class CpuPlan:
 
 def plan_from(ctx: Any, gpu_plan: Any) -> CpuPlan:
     """The CPU plan of the recipe, from the GPU plan's batch and token counts and the recipe's model settings."""
-    from rlkit.trainers.cpu_memory import THRESHOLD, _from_env
+    from rlkit.cpu_memory import THRESHOLD, _from_env
 
     spec = ctx.recipe.model
     threshold = _from_env()  # RLKIT_MMAP_THRESHOLD_KB, as `rlkit train` will read it; 0: glibc's own, not modeled
@@ -198,7 +198,7 @@ def checks(ctx: Any) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
     from rlkit.doctor import Check
     from rlkit.doctor.lengths import padded_prompt_tokens
     from rlkit.doctor.memory import F, model_shape, plan_for, unknown_model
-    from rlkit.trainers.cpu_memory import _from_env
+    from rlkit.cpu_memory import _from_env
 
     recipe = ctx.recipe
     if recipe.algorithm != "grpo" or recipe.model.load_in_4bit:

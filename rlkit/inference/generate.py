@@ -76,11 +76,13 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
     import torch
 
     from rlkit import progress
+    from rlkit.cpu_memory import heap_trimmer
 
     order = list(range(len(prompts))) if on_batch is not None else length_order([len(p) for p in prompts])
     tokenizer.padding_side = "left"
     model.eval()
     device = next(model.parameters()).device
+    trimmer = heap_trimmer() if device.type == "cpu" else None
     k = num_return_sequences
     done: list[Generation] = []
     with progress.bar(description, len(prompts), show=show_progress) as advance, torch.inference_mode():
@@ -105,6 +107,8 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
             if on_batch is not None:
                 on_batch(start, generations)
             advance(len(chosen))
+            if trimmer is not None:
+                trimmer.check()
     position = {i: pos for pos, i in enumerate(order)}
     return [done[position[j // k] * k + j % k] for j in range(len(done))]
 
