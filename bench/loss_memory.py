@@ -80,9 +80,9 @@ def measure(trainer, batch: int, prompt: int, completion: int, checkpointing: bo
 
 def main(recipe: str, shapes: list[str], checkpointing: bool, threshold_kb: int) -> None:
     sys.path.insert(0, str(ROOT))
+    from rlkit.cpu_memory import keep_heap_small
     from rlkit.recipe import load_recipe
     from rlkit.train import build_trainer
-    from rlkit.cpu_memory import keep_heap_small
 
     keep_heap_small(threshold_kb * 1024)
     with tempfile.TemporaryDirectory(prefix="rlkit-loss-memory-") as tmp:

@@ -34,8 +34,9 @@ top of the heap) to the OS.
 Generation (evals, agent rollouts; :func:`rlkit.inference.generate.generate_ids`) runs the same check after every
 batch: a KV cache grown token by token and prompt passes of every length leave freed blocks of every size in
 the heap. The search demo's HotpotQA eval (100 episodes of up to 1,019-token prompts, batches of 16, eager
-attention) went 1.8 -> 4.27 GB that way, 2.89 GB with the check, in the same time (4 min 40 s) and with the same
-answers; pinning the threshold at 64 KiB instead kept it at 2.27 GB but took 9 min.
+attention) went 1.9 -> 4.37 GB that way (4 min 50 s), 2.96 GB with the check (4 min 40 s), with the same
+answers; pinning the threshold at 64 KiB instead kept it at 2.33 GB but took 9 min. ``RLKIT_MMAP_THRESHOLD_KB=0``
+turns this off too.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def keep_heap_small(threshold: int | None = None) -> bool:
     """Pin glibc's mmap and trim thresholds (process-wide, from now on) at ``threshold`` bytes (default: the
     environment's ``RLKIT_MMAP_THRESHOLD_KB``, else 4 MiB); True when it took effect."""
     if threshold is None:
-        threshold = _from_env()
+        threshold = threshold_from_env()
     libc = _libc()
     if libc is None or threshold == 0:
         return False
@@ -126,10 +127,19 @@ class HeapTrimmer:
             self.floor = min(self.floor, now)
 
 
-def heap_trimmer(min_growth: int = TRIM_MIN_GROWTH) -> HeapTrimmer | None:
-    """A :class:`HeapTrimmer`; None off glibc, or where ``RLKIT_MMAP_THRESHOLD_KB=0`` leaves glibc alone."""
+_generation_trimmer: HeapTrimmer | None = None
+
+
+def heap_trimmer() -> HeapTrimmer | None:
+    """The process's :class:`HeapTrimmer` for generation, one floor across every call (an agent eval generates
+    turn by turn, each turn a call); None off glibc, or where ``RLKIT_MMAP_THRESHOLD_KB=0`` leaves glibc alone."""
+    global _generation_trimmer
     libc = _libc()
-    return None if libc is None or _from_env() == 0 else HeapTrimmer(libc, min_growth)
+    if libc is None or threshold_from_env() == 0:
+        return None
+    if _generation_trimmer is None:
+        _generation_trimmer = HeapTrimmer(libc)
+    return _generation_trimmer
 
 
 def trim_each_step(min_growth: int = TRIM_MIN_GROWTH) -> Any:
@@ -155,7 +165,9 @@ def trim_each_step(min_growth: int = TRIM_MIN_GROWTH) -> Any:
     return TrimHeap()
 
 
-def _from_env() -> int:
+def threshold_from_env() -> int:
+    """The mmap threshold in bytes from ``RLKIT_MMAP_THRESHOLD_KB`` (default 4 MiB; 0: leave glibc alone); a bad
+    value is a UserError. The CLI reads it first thing, so a bad value stops a command before any work."""
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return THRESHOLD

@@ -50,13 +50,13 @@ def test_the_mmap_threshold_comes_from_the_environment(monkeypatch, value, thres
     from rlkit import cpu_memory
 
     monkeypatch.setenv(cpu_memory.ENV, value)
-    assert cpu_memory._from_env() == threshold
+    assert cpu_memory.threshold_from_env() == threshold
 
 
 @pytest.mark.parametrize("value", ["-1", "4M", "40000"])
 def test_a_bad_mmap_threshold_is_one_line(monkeypatch, value):
-    from rlkit.errors import UserError
     from rlkit import cpu_memory
+    from rlkit.errors import UserError
 
     monkeypatch.setenv(cpu_memory.ENV, value)
     with pytest.raises(UserError, match="RLKIT_MMAP_THRESHOLD_KB=.*kilobytes from 0"):
@@ -206,9 +206,9 @@ def test_rss_trace_reports_each_steps_peak_and_floor(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_rlkit_train_trims_the_heap_after_every_step(tmp_path, monkeypatch):
     """`rlkit train` on CPU installs the step-end trim: the real callback, counted, runs once per optimizer step."""
+    from rlkit import cpu_memory
     from rlkit.recipe import recipes_dir as shipped
     from rlkit.train import train
-    from rlkit import cpu_memory
 
     trims, real = [], cpu_memory.trim_each_step
 
@@ -237,8 +237,8 @@ def test_the_heap_is_trimmed_after_the_step_0_agent_eval_before_the_first_step(t
     """A GRPO run with `eval.agent_every` scores its agent before step 1; what that eval's generation freed is
     handed back before the first step starts (the search recipe's step 1 began at 1.91 GB, its others at ~1.2)."""
     import rlkit.train
-    from rlkit.recipe import recipes_dir as shipped
     from rlkit import cpu_memory
+    from rlkit.recipe import recipes_dir as shipped
 
     order, libc, real_eval = [], cpu_memory._libc(), rlkit.train.agent_eval_callback
 
@@ -261,6 +261,7 @@ def test_the_heap_is_trimmed_after_the_step_0_agent_eval_before_the_first_step(t
     if rlkit.train.cuda_available():
         pytest.skip("the heap is trimmed when training on the CPU only")
     monkeypatch.setattr(cpu_memory, "_libc", lambda: Traced)
+    monkeypatch.setattr(cpu_memory, "heap_trimmer", lambda: None)  # the eval's own trims would interleave
     monkeypatch.setattr(rlkit.train, "agent_eval_callback", traced_eval)
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
     rlkit.train.train(shipped() / "multihop_rag_grpo.yaml", ["trainer.max_steps=1", "eval.agent_every=1",
@@ -268,3 +269,26 @@ def test_the_heap_is_trimmed_after_the_step_0_agent_eval_before_the_first_step(t
                       smoke=True, output_dir=tmp_path / "run", doctor=False)
     begin = order.index("eval on_train_begin")
     assert order[begin:begin + 3] == ["eval on_train_begin", "malloc_trim", "eval on_step_begin"], order
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_generation_shares_one_heap_trimmer_unless_told_to_leave_glibc_alone(monkeypatch):
+    """One floor for the whole process (an agent eval generates turn by turn); RLKIT_MMAP_THRESHOLD_KB=0 turns
+    the generation trim off as it does the training thresholds."""
+    from rlkit import cpu_memory
+
+    monkeypatch.setattr(cpu_memory, "_generation_trimmer", None)
+    monkeypatch.setenv(cpu_memory.ENV, "0")
+    assert cpu_memory.heap_trimmer() is None
+    monkeypatch.setenv(cpu_memory.ENV, "")
+    first = cpu_memory.heap_trimmer()
+    assert isinstance(first, cpu_memory.HeapTrimmer) and cpu_memory.heap_trimmer() is first
+
+
+def test_a_bad_mmap_threshold_stops_any_command_before_it_starts():
+    """The CLI reads RLKIT_MMAP_THRESHOLD_KB first: one line, exit 2, before a model could load."""
+    done = subprocess.run([sys.executable, "-m", "rlkit", "eval", "no-such-recipe.yaml"], capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path),
+                                          "RLKIT_MMAP_THRESHOLD_KB": "4M"})
+    assert done.returncode == 2 and done.stderr.startswith("rlkit: error: RLKIT_MMAP_THRESHOLD_KB='4M'")
+    assert len(done.stderr.strip().splitlines()) == 1

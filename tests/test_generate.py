@@ -132,7 +132,7 @@ def test_long_prompts_of_an_eager_model_are_read_with_sdpa_and_decode_the_same_t
 
 def test_cpu_generation_checks_the_heap_after_every_batch(monkeypatch):
     """Freed generation memory (a KV cache grown token by token, prompt passes of every length) stays in glibc's
-    heap unless trimmed: the HotpotQA eval of the search demo grew from 1.8 to 4.3 GB that way. On CPU the loop runs
+    heap unless trimmed: the HotpotQA eval of the search demo grew from 1.9 to 4.4 GB that way. On CPU the loop runs
     rlkit.cpu_memory's HeapTrimmer after each batch (it trims once the process grew 64 MiB since the last trim)."""
     from rlkit import cpu_memory
     from rlkit.inference import generate as gen
@@ -141,7 +141,7 @@ def test_cpu_generation_checks_the_heap_after_every_batch(monkeypatch):
 
     class Counted:
         def check(self):
-            checks.append(len(checks))
+            checks.append(1)
 
     monkeypatch.setattr(cpu_memory, "heap_trimmer", lambda: Counted())
     model, tok = _tiny()

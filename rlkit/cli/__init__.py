@@ -293,12 +293,14 @@ def _refused() -> type[Exception]:
 
 def main() -> None:
     from rlkit.compat import torch_huge_pages
+    from rlkit.cpu_memory import threshold_from_env
 
     torch_huge_pages()  # before any tensor exists
     _setup_logging()
     from rlkit.secrets import redact
 
     try:
+        threshold_from_env()  # a bad RLKIT_MMAP_THRESHOLD_KB stops here, not after a model has loaded
         app()
     except UserError as e:
         print(f"rlkit: error: {redact(str(e))}", file=sys.stderr)

@@ -33,7 +33,7 @@ SETS = [("held-out questions, training wording", "heldout", []),
         ("new wording (question shapes never trained on)", "newwording",
          ["data.eval.generator.wording=other", "data.eval.seed=777"])]
 # The smol model on HotpotQA through the BYOD recipe: its model (eager attention, as the search recipe decodes:
-# 4.56 -> 4.27 GB alone, the same F1), tool budget and generation length.
+# 4.67 -> 4.37 GB alone, the same F1), tool budget and generation length.
 _SMOL_ON_BYOD = ["model.name_or_path=rlkit/smollm2-135m-instruct", "model.backend=hf", "model.load_in_4bit=false",
                  "model.dtype=bfloat16", "model.attn_implementation=eager", "model.max_seq_length=1536",
                  "env.max_turns=3", "retrieval.top_k=1", "eval.max_new_tokens=64", "eval.batch_size=16"]

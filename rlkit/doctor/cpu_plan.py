@@ -176,10 +176,10 @@ class CpuPlan:
 
 def plan_from(ctx: Any, gpu_plan: Any) -> CpuPlan:
     """The CPU plan of the recipe, from the GPU plan's batch and token counts and the recipe's model settings."""
-    from rlkit.cpu_memory import THRESHOLD, _from_env
+    from rlkit.cpu_memory import THRESHOLD, threshold_from_env
 
     spec = ctx.recipe.model
-    threshold = _from_env()  # RLKIT_MMAP_THRESHOLD_KB, as `rlkit train` will read it; 0: glibc's own, not modeled
+    threshold = threshold_from_env()  # as `rlkit train` reads it; 0: glibc's own, not modeled
     return CpuPlan(shape=gpu_plan.shape, dtype_bytes=2 if spec.dtype in ("bfloat16", "float16") else 4,
                    lora_r=gpu_plan.lora_r, lora_targets=gpu_plan.lora_targets, micro_batch=gpu_plan.micro_batch,
                    generation_batch=gpu_plan.generation_batch, prompt_tokens=gpu_plan.prompt_tokens,
@@ -195,10 +195,10 @@ def ram_bytes() -> float:
 
 
 def checks(ctx: Any) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
+    from rlkit.cpu_memory import threshold_from_env
     from rlkit.doctor import Check
     from rlkit.doctor.lengths import padded_prompt_tokens
     from rlkit.doctor.memory import F, model_shape, plan_for, unknown_model
-    from rlkit.cpu_memory import _from_env
 
     recipe = ctx.recipe
     if recipe.algorithm != "grpo" or recipe.model.load_in_4bit:
@@ -219,7 +219,7 @@ def checks(ctx: Any) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
             f"({'gradient checkpointing' if plan.gradient_checkpointing else 'no gradient checkpointing'}); "
             f"peak RSS ~{est['total']:.1f} GB (floor {floor:.2f}, generation +{est['generation']:.2f}, "
             f"loss +{est['loss forward/backward']:.2f}) of {ram:.0f} GB RAM")
-    if _from_env() == 0:
+    if threshold_from_env() == 0:
         what += ("; RLKIT_MMAP_THRESHOLD_KB=0 leaves glibc's heap alone, which the plan does not model (it kept "
                  "1.1 GB more than the 4 MiB default on smol_arith_grpo: bench/results/grpo_step_history.md)")
     data = {"ram_gb": round(ram, 1), "estimate": {k: round(v, 3) for k, v in est.items()}}
