@@ -127,19 +127,12 @@ class HeapTrimmer:
             self.floor = min(self.floor, now)
 
 
-_generation_trimmer: HeapTrimmer | None = None
-
-
 def heap_trimmer() -> HeapTrimmer | None:
-    """The process's :class:`HeapTrimmer` for generation, one floor across every call (an agent eval generates
-    turn by turn, each turn a call); None off glibc, or where ``RLKIT_MMAP_THRESHOLD_KB=0`` leaves glibc alone."""
-    global _generation_trimmer
+    """A :class:`HeapTrimmer` for one generation call, its floor where the call starts; None off glibc, or where
+    ``RLKIT_MMAP_THRESHOLD_KB=0`` leaves glibc alone. One trimmer for the whole process instead (one floor across
+    an agent eval's turns, each a call) was tried on the HotpotQA eval below: 3.28 GB against 2.96, one run each."""
     libc = _libc()
-    if libc is None or threshold_from_env() == 0:
-        return None
-    if _generation_trimmer is None:
-        _generation_trimmer = HeapTrimmer(libc)
-    return _generation_trimmer
+    return None if libc is None or threshold_from_env() == 0 else HeapTrimmer(libc)
 
 
 def trim_each_step(min_growth: int = TRIM_MIN_GROWTH) -> Any:

@@ -272,17 +272,17 @@ def test_the_heap_is_trimmed_after_the_step_0_agent_eval_before_the_first_step(t
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
-def test_generation_shares_one_heap_trimmer_unless_told_to_leave_glibc_alone(monkeypatch):
-    """One floor for the whole process (an agent eval generates turn by turn); RLKIT_MMAP_THRESHOLD_KB=0 turns
-    the generation trim off as it does the training thresholds."""
+def test_generation_trims_unless_told_to_leave_glibc_alone(monkeypatch):
+    """RLKIT_MMAP_THRESHOLD_KB=0 turns the generation trim off as it does the training thresholds; otherwise each
+    call gets a trimmer whose floor is the process's size when the call starts."""
     from rlkit import cpu_memory
 
-    monkeypatch.setattr(cpu_memory, "_generation_trimmer", None)
     monkeypatch.setenv(cpu_memory.ENV, "0")
     assert cpu_memory.heap_trimmer() is None
     monkeypatch.setenv(cpu_memory.ENV, "")
-    first = cpu_memory.heap_trimmer()
-    assert isinstance(first, cpu_memory.HeapTrimmer) and cpu_memory.heap_trimmer() is first
+    trimmer = cpu_memory.heap_trimmer()
+    assert isinstance(trimmer, cpu_memory.HeapTrimmer)
+    assert abs(trimmer.floor - cpu_memory.resident_bytes()) < 16 * 2**20
 
 
 def test_a_bad_mmap_threshold_stops_any_command_before_it_starts():
