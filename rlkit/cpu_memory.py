@@ -35,8 +35,8 @@ Generation (evals, agent rollouts; :func:`rlkit.inference.generate.generate_ids`
 batch: a KV cache grown token by token and prompt passes of every length leave freed blocks of every size in
 the heap. The search demo's HotpotQA eval (100 episodes of up to 1,019-token prompts, batches of 16, eager
 attention) climbed from 1.9 GB after loading to a 4.37 GB peak that way (4 min 50 s), 2.96 GB with the check
-(4 min 40 s; peaks by `time -v`, measured on 8e9b126), with the same answers; pinning the threshold at 64 KiB instead kept it at 2.33 GB but took 9 min. ``RLKIT_MMAP_THRESHOLD_KB=0``
-turns this off too.
+(4 min 40 s; peaks by `time -v`, measured on 8e9b126), with the same answers; pinning the threshold at
+64 KiB instead kept it at 2.33 GB but took 9 min. ``RLKIT_MMAP_THRESHOLD_KB=0`` turns this off too.
 """
 
 from __future__ import annotations
