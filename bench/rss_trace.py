@@ -9,6 +9,11 @@ lowest (what stays between steps), then the last step's peak against step 3's: i
         .venv/bin/rlkit train recipes/smol_calc_grpo.yaml --set trainer.max_steps=12 --output-dir runs/calc12
 
 The run's `trainer.logging_steps` must be 1 (every shipped smol recipe's), so that each step logs a row.
+`--tree` samples the command's whole process tree instead (a demo that runs stages in processes of their own): the
+sum of its processes' RSS, and the largest one process, which is what `time -v` reports. Without `--run` every
+sample is step 0's (a command with no metrics.jsonl):
+
+    .venv/bin/python bench/rss_trace.py --tree --out runs/demo-search-rss.json -- .venv/bin/rlkit demo --search
 """
 
 from __future__ import annotations
@@ -29,6 +34,26 @@ def rss_bytes(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process under it, now (``/proc/PID/task/TID/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        for task in Path(f"/proc/{found[-1]}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return found
+
+
+def tree_rss_bytes(pid: int) -> tuple[int, int] | None:
+    """(the sum, the largest) of the resident sizes of ``pid`` and its descendants; None once ``pid`` is gone.
+    The sum counts a shared page once per process that maps it: an upper bound on what they hold together."""
+    sizes = [r for r in map(rss_bytes, descendants(pid)) if r is not None]
+    return (sum(sizes), max(sizes)) if sizes else None
 
 
 def logged_steps(metrics: Path) -> int:
@@ -57,7 +82,8 @@ def per_step(samples: list[tuple[float, int, int]]) -> list[dict[str, float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True, help="the run directory the command writes")
+    parser.add_argument("--run", type=Path, help="the run directory the command writes (its metrics.jsonl: steps)")
+    parser.add_argument("--tree", action="store_true", help="sum the RSS of the command and every process under it")
     parser.add_argument("--every", type=float, default=3.0, help="seconds between samples")
     parser.add_argument("--out", type=Path, help="JSON with every sample and the per-step table")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -71,14 +97,16 @@ def main() -> int:
     except OSError as e:
         parser.error(f"cannot start {command[0]!r}: {e.strerror}; give the command to trace after --")
     samples: list[tuple[float, int, int]] = []
-    metrics = args.run / "metrics.jsonl"
+    largest = 0  # with --tree: the largest one process seen
+    metrics = (args.run or Path("/nonexistent")) / "metrics.jsonl"
     while child.poll() is None:
         # The step count read before and after the RSS: a sample taken while a step ended (the row written between
         # the reads, the memory of the step before maybe still held) belongs to neither step, so it is dropped.
         before = logged_steps(metrics)
-        rss = rss_bytes(child.pid)
-        if rss is not None and logged_steps(metrics) == before:
-            samples.append((round(time.time() - started, 1), rss, before))
+        sizes = tree_rss_bytes(child.pid) if args.tree else (rss_bytes(child.pid),) * 2
+        if sizes is not None and sizes[0] is not None and logged_steps(metrics) == before:
+            samples.append((round(time.time() - started, 1), sizes[0], before))
+            largest = max(largest, sizes[1])
         time.sleep(args.every)
     steps = [s for s in per_step(samples) if s["step"] <= logged_steps(metrics)]
     for s in steps:
@@ -87,10 +115,15 @@ def main() -> int:
         third, last = steps[2]["peak_gb"], steps[-1]["peak_gb"]
         print(f"last step's peak {last:.2f} GB vs step 3's {third:.2f} GB: {100 * (last / third - 1):+.1f}% "
               f"(bound +5%); highest step peak {max(s['peak_gb'] for s in steps):.2f} GB")
+    peak = max((rss for _, rss, _ in samples), default=0)
+    if args.tree:
+        print(f"peak of the process tree's sum {peak / 1e9:.2f} GB; largest one process {largest / 1e9:.2f} GB "
+              f"({len(samples)} samples, every {args.every:g} s)")
     if args.out:
         args.out.write_text(json.dumps({"command": command, "every_s": args.every, "exit": child.returncode,
-                                        "seconds": round(time.time() - started, 1), "steps": steps,
-                                        "samples": samples}, indent=1) + "\n")
+                                        "seconds": round(time.time() - started, 1), "tree": args.tree,
+                                        "peak_gb": round(peak / 1e9, 3), "largest_process_gb": round(largest / 1e9, 3),
+                                        "steps": steps, "samples": samples}, indent=1) + "\n")
     return child.returncode
 
 

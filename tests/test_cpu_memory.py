@@ -203,6 +203,19 @@ def test_rss_trace_reports_each_steps_peak_and_floor(tmp_path):
     assert "last step's peak" in done.stdout and "step   2: peak" in done.stdout
 
 
+def test_rss_trace_tree_sums_the_command_and_its_children(tmp_path):
+    """--tree: a Python process holding 150 MB that runs a child holding 250 MB; the tree's peak sum covers both,
+    the largest one process is the child's, and no --run is needed."""
+    child = "import time; held = bytearray(250 * 2**20); time.sleep(1.5)"
+    script = f"import subprocess, sys; held = bytearray(150 * 2**20); subprocess.run([sys.executable, '-c', {child!r}])"
+    bench = Path(__file__).resolve().parents[1] / "bench" / "rss_trace.py"
+    done = subprocess.run([sys.executable, str(bench), "--tree", "--every", "0.1", "--out", str(tmp_path / "t.json"),
+                           "--", sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert trace["tree"] and 0.26 < trace["largest_process_gb"] < 0.36 and trace["peak_gb"] > 0.41
+    assert "peak of the process tree's sum" in done.stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_rlkit_train_trims_the_heap_after_every_step(tmp_path, monkeypatch):
     """`rlkit train` on CPU installs the step-end trim: the real callback, counted, runs once per optimizer step."""

@@ -149,6 +149,27 @@ stages.finish([], Path({str(tmp_path)!r}))
     assert f"peak resident memory {own:.2f} GB" in out
 
 
+def test_a_fresh_stage_runs_in_its_own_process_and_records_its_peak_and_what_the_demo_held(tmp_path):
+    from rlkit.cpu_memory import resident_bytes
+    from rlkit.demos.stages import Stages
+
+    out = io.StringIO()
+    stages = Stages(Console(file=out, width=250))
+    ballast = b"y" * 500_000_000  # this process holds 500 MB while the stage runs
+    # eval: a builtin, so it pickles; the work holds 300 MB in the fresh process and hands back only its length
+    assert stages.run_fresh("fresh", eval, "len(b'x' * 300_000_000)") == 300_000_000
+    assert stages.run_fresh("pid", eval, "__import__('os').getpid()") != os.getpid()
+    with pytest.raises(ValueError, match="invalid literal"):  # its exception, raised here
+        stages.run_fresh("broken", int, "nope")
+    row = stages.rows[0]
+    assert 0.3 <= row["stage_peak_rss_gb"] < 0.45 <= 0.5 < row["demo_rss_gb"]  # its own peak, not started at ours
+    assert abs(row["demo_rss_gb"] - resident_bytes() / 1e9) < 0.2 and len(ballast) == 500_000_000
+    assert f"its own process's peak {row['stage_peak_rss_gb']:.2f} GB" in out.getvalue()
+    summary = stages.finish([], tmp_path)
+    assert summary["peak_rss_at_once_gb"] >= row["stage_peak_rss_gb"] + row["demo_rss_gb"]
+    assert re.search(rf"fresh\W+\d+\W+[\d.]+\W+[\d.]+\W+[\d.]+ GB\W+{row['stage_peak_rss_gb']:.2f} GB", out.getvalue())
+
+
 def test_copy_evals_takes_results_and_episodes_and_keeps_their_times(tmp_path):
     from rlkit.demos.stages import copy_evals
 

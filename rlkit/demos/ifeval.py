@@ -11,6 +11,7 @@ Skipped, with a line saying so, when the prompts file is not there.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,11 @@ BATCH_SIZE = 50  # one batch: IFEval's prompts are short (at most ~100 tokens of
 
 
 def ifeval_check(stages: Any, recipe: Path, overrides: list[str], models: list[tuple[str, str | None]], out: Path,
-                 *, limit: int | None = None, prompts: Path = PROMPTS) -> dict[str, Any] | None:
+                 *, limit: int | None = None, prompts: Path = PROMPTS, fresh: bool = False) -> dict[str, Any] | None:
     """IFEval on each ``(stage name, model)`` (None: the recipe's base model) as one timed stage, written to ``out``
     (a run's ``eval/ifeval``, so its report.md shows it); its table closes the demo and ``demo.json`` holds its
     summary under ``ifeval``. ``limit`` (a demo's quick check) and ``overrides`` (``eval.ifeval.*``) win over
-    :data:`LIMIT` and :data:`MAX_NEW_TOKENS`."""
+    :data:`LIMIT` and :data:`MAX_NEW_TOKENS`. ``fresh``: in a fresh process (:meth:`Stages.run_fresh`)."""
     from rlkit.evaluate.ifeval import compare_models
     from rlkit.evaluate.show import ifeval_table
 
@@ -35,8 +36,9 @@ def ifeval_check(stages: Any, recipe: Path, overrides: list[str], models: list[t
     settings = [f"eval.ifeval.limit={limit or LIMIT}", f"eval.ifeval.max_new_tokens={MAX_NEW_TOKENS}",
                 f"eval.batch_size={BATCH_SIZE}", *overrides]
     stages.console.rule(f"IFEval: instruction following, {' -> '.join(name for name, _ in models)}")
-    summary = stages.run("IFEval check", lambda: compare_models(
-        [(name, recipe, model) for name, model in models], prompts, out, overrides=settings, show_progress=False))
+    check = partial(compare_models, [(name, recipe, model) for name, model in models], prompts, out,
+                    overrides=settings, show_progress=False)
+    summary = stages.run_fresh("IFEval check", check) if fresh else stages.run("IFEval check", check)
     stages.extra["ifeval"] = summary
     stages.tables.append(ifeval_table(summary, title=f"general ability: IFEval, first {summary['rows'][0]['n']} "
                                                      f"prompts, up to {summary['max_new_tokens']} new tokens, greedy "

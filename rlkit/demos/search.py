@@ -18,6 +18,7 @@ through the bring-your-own-data recipe: real questions, transfer only.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,6 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
     from rlkit import safety
     from rlkit.agents.rollout import rollout
-    from rlkit.evaluate import evaluate
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
     from rlkit.tiny import resolve_model_id
@@ -94,23 +94,16 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     byod_set = _SMOL_ON_BYOD + [o for o in overrides if o.startswith(("model.", "eval."))]
     stages = Stages(console)
 
-    def evaluate_all(tag: str, model: str | None) -> list[dict[str, Any]]:
-        out = []
-        for label, slug, extra in sets:
-            recipe = recipes_dir() / BYOD if slug == "hotpotqa" else grpo_recipe
-            res = evaluate(recipe, model, overrides=(byod_set if slug == "hotpotqa" else overrides) + extra,
-                           out=output_dir / "eval" / f"{tag}-{slug}.json", limit=limit)
-            out.append({"results": res, "n": res["n"], "em": res["em"], "f1": res["f1"],
-                        "searches": searches(res)})
-            console.print(f"  {label}: EM {res['em']:.3f}, F1 {res['f1']:.3f}, "
-                          f"searches per episode {out[-1]['searches']:.2f} (n={res['n']})")
-        return out
+    evaluate_all = partial(_evaluate_sets, sets, recipe=grpo_recipe, overrides=overrides, byod_set=byod_set,
+                           out=output_dir / "eval", limit=limit)  # (tag, model); a partial pickles, a closure not
 
+    # Every stage that loads a model runs in a fresh process (Stages.run_fresh): each starts from nothing the
+    # stages before it left in the heap, and this process, which never loads one, stays small.
     console.rule("1/7  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
     name = load_recipe(grpo_recipe, overrides).model.name_or_path
-    console.print(f"{name} -> {stages.run('model build / cache check', lambda: resolve_model_id(name))}")
+    console.print(f"{name} -> {stages.run_fresh('model build / cache check', resolve_model_id, name)}")
     console.rule("2/7  evaluate the base model (greedy agent episodes with the search tool)")
-    base = stages.run("base eval", lambda: evaluate_all("base", None))
+    base = stages.run_fresh("base eval", evaluate_all, "base", None)
     console.rule(f"3/7  the teacher: oracle episodes on {teacher_questions} training questions -> SFT rows")
     safety.remove(teacher.parent, "--output-dir")  # a previous run's, marked as rlkit's (or refused)
     safety.make_dir(teacher.parent, "demo")
@@ -120,23 +113,42 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     console.print(f"teacher: {summary['episodes']} episodes, {summary['successes']} successful -> "
                   f"{summary['sft_rows']} SFT rows ({teacher}); `rlkit analyze {summary['path']}` for its tables")
     console.rule(f"4/7  SFT on the teacher's successful trajectories ({SFT})")
-    stages.run("SFT training", lambda: train(sft_recipe, sft_set, output_dir=sft_dir, overwrite=True))
+    stages.run_fresh("SFT training", train, sft_recipe, sft_set, output_dir=sft_dir, overwrite=True)
     console.rule("5/7  evaluate after SFT")
-    sft = stages.run("SFT eval", lambda: evaluate_all("sft", str(sft_dir)))
+    sft = stages.run_fresh("SFT eval", evaluate_all, "sft", str(sft_dir))
     console.rule(f"6/7  GRPO with the search tool, from the SFT adapter ({GRPO})")
     grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
-    stages.run("GRPO training", lambda: train(grpo_recipe, grpo_set, output_dir=grpo_dir, overwrite=True))
+    stages.run_fresh("GRPO training", train, grpo_recipe, grpo_set, output_dir=grpo_dir, overwrite=True)
     grpo_model = kept_adapter(grpo_dir, stages, console)
     console.rule("7/7  evaluate after GRPO")
-    grpo = stages.run("GRPO eval", lambda: evaluate_all("grpo", grpo_model))
+    grpo = stages.run_fresh("GRPO eval", evaluate_all, "grpo", grpo_model)
     copy_evals(output_dir / "eval", grpo_dir)
     ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", grpo_model)],
-                 grpo_dir / "eval" / "ifeval", limit=limit)
+                 grpo_dir / "eval" / "ifeval", limit=limit, fresh=True)
     write_report(grpo_dir)
     rows = _rows(sets, base, sft, grpo)
     _print_tables(console, rows)
     _plot(rows, output_dir / "f1_by_stage.png")
     return stages.finish(rows, output_dir)
+
+
+def _evaluate_sets(sets: list[tuple[str, str, list[str]]], tag: str, model: str | None, *, recipe: Path,
+                   overrides: list[str], byod_set: list[str], out: Path, limit: int | None) -> list[dict[str, Any]]:
+    """One model on every set (the search recipe's, or the BYOD recipe's for HotpotQA), each printed as it ends."""
+    from rich.console import Console
+
+    from rlkit.evaluate import evaluate
+
+    console, scores = Console(), []
+    for label, slug, extra in sets:
+        on_byod = slug == "hotpotqa"
+        res = evaluate(recipes_dir() / BYOD if on_byod else recipe, model,
+                       overrides=(byod_set if on_byod else overrides) + extra, out=out / f"{tag}-{slug}.json",
+                       limit=limit)
+        scores.append({"results": res, "n": res["n"], "em": res["em"], "f1": res["f1"], "searches": searches(res)})
+        console.print(f"  {label}: EM {res['em']:.3f}, F1 {res['f1']:.3f}, "
+                      f"searches per episode {scores[-1]['searches']:.2f} (n={res['n']})")
+    return scores
 
 
 def kept_adapter(grpo_dir: Path, stages: Any, console: Any) -> str:

@@ -35,15 +35,29 @@ def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
     return safety.make_dir(output_dir, "demo")
 
 
-def peak_rss_gb() -> float:
+def peak_rss_gb(children: bool = True) -> float:
     """The peak resident memory so far (GB, 1e9 bytes, to 3 decimals) of this process or of any child it waited for,
-    whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo. Like
-    ``time -v``, it starts at the resident size of the process that forked it (Linux carries that across exec): from
-    ``make`` or a shell that is nothing; from inside a large Python process it is that process's size."""
+    whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo (the
+    largest one process, not a sum). Like ``time -v``, it starts at the resident size of the process that forked it
+    (Linux carries that across exec): from ``make`` or a shell that is nothing; from inside a large Python process it
+    is that process's size. ``children=False``: this process's alone."""
     import resource
 
-    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    whose = (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) if children else (resource.RUSAGE_SELF,)
+    peak = max(resource.getrusage(who).ru_maxrss for who in whose)
     return round(peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9, 3)  # macOS counts bytes, Linux kB
+
+
+def own_peak_bytes() -> int:
+    """This process's own peak resident size (``VmHWM``): unlike ``ru_maxrss``, not started at the size of the
+    process that spawned it, since exec gives the new program memory of its own to count."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _run_and_measure(work: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[Any, int]:
+    """In the fresh process: the stage's value and that process's own peak resident size."""
+    return work(*args, **kwargs), own_peak_bytes()
 
 
 def copy_evals(eval_dir: Path, run_dir: Path) -> None:
@@ -65,15 +79,41 @@ class Stages:
         self.tables: list[Any] = []
 
     def run(self, name: str, work: Callable[[], Any]) -> Any:
+        """``work()`` in this process, timed."""
+        return self._timed(name, lambda: (work(), None))
+
+    def run_fresh(self, name: str, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``work(*args, **kwargs)`` in a fresh Python process (spawned: it starts with nothing the demo loaded
+        before, and its memory goes back to the OS when it ends), timed; its value comes back pickled, its
+        exception raised here. ``work`` must be importable (a module-level function). Besides the peak so far,
+        the row records that process's own peak (``stage_peak_rss_gb``) and what this process held meanwhile
+        (``demo_rss_gb``): both at once are what the stage took of the machine."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from rlkit.cpu_memory import resident_bytes
+
+        held = resident_bytes()
+
+        def call() -> tuple[Any, dict[str, float]]:
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                value, own = pool.submit(_run_and_measure, work, args, kwargs).result()
+            return value, {"stage_peak_rss_gb": round(own / 1e9, 3), "demo_rss_gb": round(held / 1e9, 3)}
+
+        return self._timed(name, call)
+
+    def _timed(self, name: str, work: Callable[[], tuple[Any, dict[str, float] | None]]) -> Any:
         load_before, t = os.getloadavg()[0], time.time()
-        value = work()
+        value, own = work()
         peak = peak_rss_gb()
         self.rows.append({"stage": name, "seconds": round(time.time() - t, 1),
                           "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
-                          "peak_rss_gb": peak})
+                          "peak_rss_gb": peak, **(own or {})})
+        fresh = (f"its own process's peak {_gb(own['stage_peak_rss_gb'])}, the demo's "
+                 f"{_gb(own['demo_rss_gb'])} meanwhile; " if own else "")
         self.console.print(f"[dim]{name}: {self.rows[-1]['seconds']:.0f}s (1-min load average "
                            f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-                           f"peak RSS so far {_gb(peak)})[/]")
+                           f"{fresh}peak RSS so far {_gb(peak)})[/]")
         return value
 
     def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
@@ -85,10 +125,13 @@ class Stages:
             self.console.print(table)
         self.console.print(self.table())
         total, peak = time.time() - self.started, peak_rss_gb()
-        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs, peak resident memory {_gb(peak)}; the runs, "
-                           f"evals and predictions are in {output_dir}/")
+        together = max([peak_rss_gb(children=False)] + [
+            round(s["stage_peak_rss_gb"] + s["demo_rss_gb"], 3) for s in self.rows if "stage_peak_rss_gb" in s])
+        at_once = f" (at most {_gb(together)} at once, a stage's process and the demo's)" if together > peak else ""
+        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs, peak resident memory {_gb(peak)}{at_once}; "
+                           f"the runs, evals and predictions are in {output_dir}/")
         summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
-                   "cpus": os.cpu_count(), "peak_rss_gb": peak}
+                   "cpus": os.cpu_count(), "peak_rss_gb": peak, "peak_rss_at_once_gb": max(peak, together)}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
         return summary
 
@@ -96,11 +139,14 @@ class Stages:
         from rich.table import Table
 
         times = Table(title="time per stage")
-        for col in ("stage", "seconds", "1-min load before", "after", "peak RSS so far"):
+        fresh = any("stage_peak_rss_gb" in s for s in self.rows)
+        for col in ("stage", "seconds", "1-min load before", "after", "peak RSS so far",
+                    *(("own process's peak", "demo's meanwhile") if fresh else ())):
             times.add_column(col, justify="left" if col == "stage" else "right")
         for s in self.rows:
+            own = [_gb(s[k]) if k in s else "" for k in ("stage_peak_rss_gb", "demo_rss_gb")] if fresh else []
             times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}",
-                          _gb(s["peak_rss_gb"]))
+                          _gb(s["peak_rss_gb"]), *own)
         return times
 
 
