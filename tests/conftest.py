@@ -37,6 +37,7 @@ def pytest_collection_modifyitems(config, items):
 
         cuda = torch.cuda.is_available()
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_on_cuda = pytest.mark.skip(reason="asserts what rlkit does on a machine without CUDA")
     ppo = importlib.util.find_spec("trl") is not None and importlib.util.find_spec("trl.experimental.ppo") is not None
     no_ppo = pytest.mark.skip(reason="needs TRL's PPOTrainer (TRL 1.12: trl/experimental/ppo/ppo_trainer.py:297); "
                                      "TRL >= 1.13 no longer ships trl/experimental/ppo/")
@@ -60,6 +61,8 @@ def pytest_collection_modifyitems(config, items):
         # directory called `gpu` (or a test named *gpu*) would skip every test.
         if item.get_closest_marker("gpu") is not None and not cuda:
             item.add_marker(skip)
+        if item.get_closest_marker("cpu_only") is not None and cuda:
+            item.add_marker(skip_on_cuda)
 
 
 @pytest.fixture(autouse=True)

@@ -135,6 +135,7 @@ print((status("VmHWM") - before) // 1024, logits.float().sum().item())
 """
 
 
+@pytest.mark.cpu_only  # the pre-hook is installed on CPU loads only
 def test_the_cpu_lm_head_reads_a_contiguous_input_instead_of_copying_itself_per_sequence(tiny_model_dir):
     """Measured: the strided last-20 slice of 16 sequences raised the RSS high-water mark by 901 MB (the 57 MB head copied
     once per sequence, three runs within 1 MB); with the pre-hook by 37-38 MB, and the logits are the same."""

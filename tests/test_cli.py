@@ -61,6 +61,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path):
 
 
 @pytest.mark.trains
+@pytest.mark.cpu_only
 def test_use_vllm_without_gpu_is_refused(tmp_path):
     res = rlkit("train", recipes_dir() / "gsm8k_grpo.yaml", "--set", "model.backend=hf",
                 "--set", "model.load_in_4bit=false", "--output-dir", tmp_path / "run")

@@ -216,6 +216,7 @@ def test_rss_trace_tree_sums_the_command_and_its_children(tmp_path):
     assert "peak of the process tree's sum" in done.stdout
 
 
+@pytest.mark.cpu_only  # the heap is trimmed when training on the CPU
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_rlkit_train_trims_the_heap_after_every_step(tmp_path, monkeypatch):
     """`rlkit train` on CPU installs the step-end trim: the real callback, counted, runs once per optimizer step."""

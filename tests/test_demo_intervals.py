@@ -110,14 +110,17 @@ def test_tiny_demo_table_and_demo_json_carry_intervals_and_paired_gains(tmp_path
 
 
 def test_search_plot_takes_an_interval_that_rounding_puts_just_past_the_mean(tmp_path, monkeypatch):
-    """Ten equal F1 of 0.1: the mean is 0.1 - 1e-17 or so while the bootstrap bounds are 0.1; matplotlib refuses a
-    negative error bar, which would end the demo after all its training."""
+    """Equal F1 of 0.1: summed in another order, the mean can come out one float below 0.1 (Python 3.11's sum of ten
+    0.1s does; 3.12's compensated sum does not) while the bootstrap bounds are 0.1; matplotlib refuses a negative
+    error bar, which would end the demo after all its training. The case is built as such, on every Python."""
+    import math
+
     from rlkit.demos import search
 
-    f1 = [0.1] * 10
-    row = {"slug": "heldout", "n": 10, **{f"{k}_f1": sum(f1) / 10 for k in ("base", "sft", "grpo")},
-           **{f"{k}_f1_interval": list(bootstrap(f1)) for k in ("base", "sft", "grpo")}}
-    assert row["sft_f1"] < row["sft_f1_interval"][0]  # the case itself: 1.4e-17 below
+    below = math.nextafter(0.1, 0.0)  # 0.1 - 1.4e-17
+    row = {"slug": "heldout", "n": 10, **{f"{k}_f1": below for k in ("base", "sft", "grpo")},
+           **{f"{k}_f1_interval": [0.1, 0.1] for k in ("base", "sft", "grpo")}}
+    assert row["sft_f1"] < row["sft_f1_interval"][0]  # the case itself
     drawn = {}
     monkeypatch.setattr("rlkit.report.charts.save", lambda fig, title, path: drawn.update(fig=fig))
     search._plot([row], tmp_path / "f1_by_stage.png")

@@ -1,6 +1,9 @@
 import inspect
 import json
+import os
 import pickle
+import subprocess
+import sys
 import time
 from datetime import datetime
 from itertools import pairwise
@@ -416,3 +419,17 @@ def test_bm25_recall_on_hotpotqa(tiny_model_dir, tmp_path):
     assert m["n"] == 100
     # measured: 0.550 / 0.750 / 0.865
     assert m["recall@2"] >= 0.5 and m["recall@5"] >= 0.7 and m["recall@10"] >= 0.82
+
+
+@pytest.mark.parametrize("chosen", [None, "cuda"])
+def test_bm25s_import_keeps_jax_off_the_gpu_unless_the_user_chose(tmp_path, chosen):
+    """bm25s calls JAX when imported, if JAX is installed; on a CUDA machine JAX then takes 75% of the GPU. A stand-in
+    `jax` on the path records the JAX_PLATFORMS it was imported under: the CPU, or what the user set."""
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "__init__.py").write_text(
+        f"import os\nopen({str(tmp_path / 'seen')!r}, 'w').write(os.environ.get('JAX_PLATFORMS', 'unset'))\n")
+    (tmp_path / "jax" / "lax.py").write_text("def top_k(x, k):\n    return x[:k], list(range(k))\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | ({"JAX_PLATFORMS": chosen} if chosen else {})
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])
+    subprocess.run([sys.executable, "-c", "from rlkit.retrieval.index import _bm25s; _bm25s()"], env=env, check=True)
+    assert (tmp_path / "seen").read_text() == (chosen or "cpu")

@@ -233,7 +233,12 @@ def _bm25_tokens(texts: list[str], ids: bool):
 
 def _bm25s():
     import logging
+    import os
 
+    # bm25s runs a JAX op on import when JAX is installed: on a CUDA machine that starts JAX on the GPU, which
+    # takes 75% of its memory before any model loads (seen on an H200: the trainer then ran out of memory).
+    # BM25 ranks on the CPU; a JAX_PLATFORMS the user set is kept.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import bm25s
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
