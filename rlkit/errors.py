@@ -21,3 +21,6 @@ class Interrupted(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # pickled whole: a demo stage raises it in its own process
+        return Interrupted, (str(self), self.exit_code)
