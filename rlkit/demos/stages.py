@@ -49,10 +49,16 @@ def peak_rss_gb(children: bool = True) -> float:
 
 
 def own_peak_bytes() -> int:
-    """This process's own peak resident size (``VmHWM``): unlike ``ru_maxrss``, not started at the size of the
-    process that spawned it, since exec gives the new program memory of its own to count."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    """This process's own peak resident size: on Linux ``VmHWM``, which counts only the memory this program has had
+    since its exec (``ru_maxrss`` starts at the size of the process that spawned it); elsewhere ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except FileNotFoundError:  # macOS: no /proc
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, others kB
 
 
 def _run_and_measure(work: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[Any, int]:
@@ -91,9 +97,9 @@ class Stages:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        from rlkit.cpu_memory import resident_bytes
+        import psutil  # accelerate's dependency: this process's size on any OS
 
-        held = resident_bytes()
+        held = psutil.Process().memory_info().rss
 
         def call() -> tuple[Any, dict[str, float]]:
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
