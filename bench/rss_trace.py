@@ -56,9 +56,9 @@ def tree_rss_bytes(pid: int) -> tuple[int, int] | None:
     return (sum(sizes), max(sizes)) if sizes else None
 
 
-def logged_steps(metrics: Path) -> int:
+def logged_steps(metrics: Path | None) -> int:
     """The highest step with a training row (a `loss`) in metrics.jsonl; 0 before the first."""
-    if not metrics.is_file():
+    if metrics is None or not metrics.is_file():
         return 0
     steps = [0]
     for line in metrics.read_text().splitlines():
@@ -98,7 +98,7 @@ def main() -> int:
         parser.error(f"cannot start {command[0]!r}: {e.strerror}; give the command to trace after --")
     samples: list[tuple[float, int, int]] = []
     largest = 0  # with --tree: the largest one process seen
-    metrics = (args.run or Path("/nonexistent")) / "metrics.jsonl"
+    metrics = args.run / "metrics.jsonl" if args.run else None
     while child.poll() is None:
         # The step count read before and after the RSS: a sample taken while a step ended (the row written between
         # the reads, the memory of the step before maybe still held) belongs to neither step, so it is dropped.

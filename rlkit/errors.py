@@ -23,4 +23,4 @@ class Interrupted(Exception):
         self.exit_code = exit_code
 
     def __reduce__(self) -> tuple[type, tuple[str, int]]:  # pickled whole: a demo stage raises it in its own process
-        return Interrupted, (str(self), self.exit_code)
+        return type(self), (str(self), self.exit_code)

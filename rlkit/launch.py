@@ -7,6 +7,9 @@ rlkit has no distributed runtime of its own. ``rlkit train RECIPE --num-processe
 and accelerate (torchrun underneath) starts the ranks; TRL's trainer does data parallelism, DeepSpeed or FSDP.
 Launching by hand works the same: ``accelerate launch -m rlkit train RECIPE``.
 
+One stage in a fresh process (:func:`call_fresh`): a demo runs each model-loading stage in a Python process of its
+own, which starts from nothing the stages before left in the heap and hands its memory back when it ends.
+
 Without CUDA the ranks are CPU processes talking over gloo. accelerate's ``--cpu`` flag is no way there: it picks
 accelerate's simple launcher, which starts ONE process whatever ``--num_processes`` says. rlkit uses the torchrun
 launcher (``--multi_gpu``) instead, and the TRL config's ``use_cpu=True`` (rlkit's default on a machine without
@@ -22,8 +25,10 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rlkit.errors import UserError
 
@@ -165,25 +170,11 @@ def relaunch(argv_rest: Sequence[str], **options) -> int:
         raise UserError(f"--accelerate-config {config}: DeepSpeed is not installed; `pip install deepspeed`")
     log.info("launching: %s", shlex.join(cmd))
     proc = subprocess.Popen(cmd, env={**os.environ, LAUNCHED_ENV: "1"}, start_new_session=True)
-    forwarded: list[int] = []
-
-    def forward(signum, _frame):
-        # To the ranks themselves: each finishes its step, checkpoints and exits 0 (see cli.main), so torchrun
-        # neither reports a failure nor prints the traceback it raises when it gets the signal itself.
-        forwarded.append(signum)
-        ranks = _children(proc.pid)
-        with contextlib.suppress(ProcessLookupError):  # already gone
-            for pid in ranks:
-                os.kill(pid, signum)
-            if not ranks:
-                os.killpg(proc.pid, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    # To the ranks themselves (or, before they exist, the launcher's group): each finishes its step, checkpoints and
+    # exits 0 (see cli.main), so torchrun neither reports a failure nor prints the traceback it raises when it gets
+    # the signal itself.
+    with forwarding_signals(lambda: _children(proc.pid) or [-proc.pid]) as forwarded:
         code = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if code < 0:
         return 128 - code  # killed by signal N: the shell's 128 + N
     # Stopped on a signal: report it, as a single-process `rlkit train` does.
@@ -196,6 +187,125 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+@contextlib.contextmanager
+def forwarding_signals(targets: Callable[[], list[int]]) -> Iterator[list[int]]:
+    """While inside: SIGINT and SIGTERM sent to this process go to the pids ``targets()`` names when each arrives
+    (a negative pid: that process group) instead of stopping it; yields the signals forwarded so far."""
+    forwarded: list[int] = []
+
+    def forward(signum, _frame):
+        forwarded.append(signum)
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            for pid in targets():
+                os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield forwarded
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class ChildTraceback(Exception):
+    """Where an exception raised in a fresh process came from: its traceback there, as text."""
+
+
+def call_fresh(work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+    """``work(*args, **kwargs)`` in a fresh Python process (spawned: nothing of this one's heap, imports or state);
+    returns its value and that process's own peak resident size in bytes. ``work``, its arguments and its value
+    cross by pickle, so ``work`` must be importable (a module-level function or a ``functools.partial`` of one); its
+    exception is raised here, its traceback there chained as the cause. Like ``multiprocessing``, a script that calls
+    this needs the ``if __name__ == "__main__":`` guard.
+
+    The process logs as rlkit's commands do, runs in a process group of its own and gets SIGINT and SIGTERM from this
+    one, once each (Ctrl-C at the terminal reaches this process only), so a training stage checkpoints, stops and
+    says how to resume, as ``rlkit train`` does; on Linux it gets SIGTERM if this process dies."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    receive, send = spawn.Pipe(duplex=False)
+    child = spawn.Process(target=_fresh_main, args=(send, os.getpid(), work, args, kwargs), daemon=False)
+    child.start()
+    send.close()
+    with forwarding_signals(lambda: [child.pid]):
+        try:
+            ok, payload = receive.recv()
+        except EOFError:  # it died without a word: killed (-9: most often the out-of-memory killer), or crashed
+            child.join()
+            raise RuntimeError(f"{getattr(work, '__name__', work)!s}: its process ended with exit code "
+                               f"{child.exitcode} and no result") from None
+        child.join()
+    if ok:
+        return payload
+    error, where = payload
+    raise error from ChildTraceback(where)
+
+
+def _fresh_main(send: Any, parent: int, work: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+    os.setpgrp()  # the terminal's Ctrl-C goes to the parent, which passes it on once
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
+        if os.getppid() != parent:  # it died before that
+            os._exit(128 + signal.SIGTERM)
+    setup_logging()
+    try:
+        result = (True, (work(*args, **kwargs), own_peak_bytes()))
+    except BaseException as e:  # noqa: BLE001 - every exception goes back to the parent, which raises it
+        result = (False, (e, traceback.format_exc()))
+    try:
+        send.send(result)
+    except Exception:  # an exception that does not pickle: its text and traceback still go back
+        send.send((False, (RuntimeError(f"{type(result[1][0]).__name__}: {result[1][0]}"), result[1][1])))
+
+
+def own_peak_bytes() -> int:
+    """This process's own peak resident size: on Linux ``VmHWM``, which counts only the memory this program has had
+    since its exec; elsewhere ``ru_maxrss`` (on Linux that one starts at the peak of the process that spawned it)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except FileNotFoundError:  # macOS: no /proc
+        import resource
+
+        return maxrss_bytes(resource.RUSAGE_SELF)
+
+
+def maxrss_bytes(who: int) -> int:
+    """``getrusage(who).ru_maxrss`` in bytes (macOS counts bytes, Linux kB)."""
+    import resource
+
+    peak = resource.getrusage(who).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def setup_logging() -> None:
+    """Rich log lines on a terminal; plain, unwrapped, timestamped lines in a log file or a pipe (every rlkit command,
+    and each fresh process a demo runs a stage in)."""
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    from rlkit.progress import console, interactive
+    from rlkit.secrets import RedactingFilter
+
+    if interactive():
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=console(), show_path=False, show_time=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no tqdm bars (model loading, downloads)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.addFilter(RedactingFilter())
+    if rank_info()[2] > 1:  # several processes: which rank says what; replicas only warn
+        handler.addFilter(RankFilter())
+    # force: a second main() in one process (the tests, the Python API) must not keep writing to the first
+    # call's stderr, which may be closed by now.
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
 
 
 def rank_info(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:

@@ -203,6 +203,7 @@ def test_rss_trace_reports_each_steps_peak_and_floor(tmp_path):
     assert "last step's peak" in done.stdout and "step   2: peak" in done.stdout
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_rss_trace_tree_sums_the_command_and_its_children(tmp_path):
     """--tree: a Python process holding 150 MB that runs a child holding 250 MB; the tree's peak sum covers both,
     the largest one process is the child's, and no --run is needed."""

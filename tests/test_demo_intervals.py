@@ -153,9 +153,10 @@ stages.finish([], Path({str(tmp_path)!r}))
 
 
 def test_a_fresh_stage_runs_in_its_own_process_and_records_its_peak_and_what_the_demo_held(tmp_path):
-    from rlkit.cpu_memory import resident_bytes
+    """Stages.run_fresh (rlkit.launch.call_fresh runs it; its signals and errors: test_launch)."""
+    import psutil
+
     from rlkit.demos.stages import Stages
-    from rlkit.errors import Interrupted
 
     out = io.StringIO()
     stages = Stages(Console(file=out, width=250))
@@ -165,16 +166,13 @@ def test_a_fresh_stage_runs_in_its_own_process_and_records_its_peak_and_what_the
     assert stages.run_fresh("pid", eval, "__import__('os').getpid()") != os.getpid()
     with pytest.raises(ValueError, match="invalid literal"):  # its exception, raised here
         stages.run_fresh("broken", int, "nope")
-    stopped = "(_ for _ in ()).throw(__import__('rlkit.errors').errors.Interrupted('run: stopped at step 3', 130))"
-    with pytest.raises(Interrupted, match="stopped at step 3") as caught:  # Ctrl-C in a training stage: how to resume
-        stages.run_fresh("stopped", eval, stopped)
-    assert caught.value.exit_code == 130
     row = stages.rows[0]
-    assert 0.3 <= row["stage_peak_rss_gb"] < 0.45 <= 0.5 < row["demo_rss_gb"]  # its own peak, not started at ours
-    assert abs(row["demo_rss_gb"] - resident_bytes() / 1e9) < 0.2 and len(ballast) == 500_000_000
+    assert 0.3 <= row["stage_peak_rss_gb"] < 0.45  # its own peak, not started at ours
+    assert row["demo_rss_gb"] > 0.5 and len(ballast) == 500_000_000
+    assert abs(row["demo_rss_gb"] - psutil.Process().memory_info().rss / 1e9) < 0.2
     assert f"its own process's peak {row['stage_peak_rss_gb']:.2f} GB" in out.getvalue()
     summary = stages.finish([], tmp_path)
-    assert summary["peak_rss_at_once_gb"] >= row["stage_peak_rss_gb"] + row["demo_rss_gb"]
+    assert summary["peak_rss_at_once_gb"] >= row["stage_peak_rss_gb"] + row["demo_rss_gb"] - 1e-9  # rounded to 1 MB
     assert re.search(rf"fresh\W+\d+\W+[\d.]+\W+[\d.]+\W+[\d.]+ GB\W+{row['stage_peak_rss_gb']:.2f} GB", out.getvalue())
 
 

@@ -75,8 +75,8 @@ def test_faithful_bf16_merge_reproduces_the_adapter_on_its_4bit_base(faithful):
     # Rounding can only break positions the reference itself nearly tied (other seeds: top-1 0.985-0.993,
     # every flip at a reference top-2 margin < 3e-3); this run on the CPU has none, so agreement is exact there
     # (trained on a GPU: 0.996, seen on an H200).
-    if not torch.cuda.is_available():
-        assert m["top1_agreement"] == 1.0 and m["max_abs_logit_diff"] <= 1e-2
+    assert m["top1_agreement"] == 1.0 if not torch.cuda.is_available() else m["top1_agreement"] >= 0.99
+    assert m["max_abs_logit_diff"] <= 1e-2
     assert m["top1_flip_max_ref_margin"] <= 5e-3
     assert m["greedy_match"] >= 0.5
     # The adapter matters: it moves the logits far more than the merge error (~200x here).

@@ -431,5 +431,7 @@ def test_bm25s_import_keeps_jax_off_the_gpu_unless_the_user_chose(tmp_path, chos
     (tmp_path / "jax" / "lax.py").write_text("def top_k(x, k):\n    return x[:k], list(range(k))\n")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | ({"JAX_PLATFORMS": chosen} if chosen else {})
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])
-    subprocess.run([sys.executable, "-c", "from rlkit.retrieval.index import _bm25s; _bm25s()"], env=env, check=True)
+    after = subprocess.run([sys.executable, "-c", "import os; from rlkit.retrieval.index import _bm25s; _bm25s(); "
+                            "print(os.environ.get('JAX_PLATFORMS'))"], env=env, check=True, capture_output=True, text=True)
     assert (tmp_path / "seen").read_text() == (chosen or "cpu")
+    assert after.stdout.strip() == str(chosen)  # set for the import only: not passed on to later processes

@@ -7,7 +7,6 @@ argument errors stay fast.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -259,32 +258,6 @@ def pairs(
                               overrides=set_ or [], overwrite=overwrite, resume=resume))
 
 
-def _setup_logging() -> None:
-    """Rich log lines on a terminal; plain, unwrapped, timestamped lines in a log file or a pipe."""
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    from rlkit.progress import console, interactive
-    from rlkit.secrets import RedactingFilter
-
-    if interactive():
-        from rich.logging import RichHandler
-
-        handler: logging.Handler = RichHandler(console=console(), show_path=False, show_time=False, markup=False)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-    else:
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no tqdm bars (model loading, downloads)
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    handler.addFilter(RedactingFilter())
-    from rlkit.launch import RankFilter, rank_info
-
-    if rank_info()[2] > 1:  # several processes: which rank says what; replicas only warn
-        handler.addFilter(RankFilter())
-    # force: a second main() in one process (the tests, the Python API) must not keep writing to the first
-    # call's stderr, which may be closed by now.
-    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
-    logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
-
-
 def _refused() -> type[Exception]:
     from rlkit.doctor import Refused  # light: the doctor package imports nothing heavy at module level
 
@@ -296,7 +269,9 @@ def main() -> None:
     from rlkit.cpu_memory import threshold_from_env
 
     torch_huge_pages()  # before any tensor exists
-    _setup_logging()
+    from rlkit.launch import setup_logging
+
+    setup_logging()
     from rlkit.secrets import redact
 
     try:

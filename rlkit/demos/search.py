@@ -68,8 +68,10 @@ def hotpotqa_data(output_dir: Path) -> Path | None:
 def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_overrides: list[str] | None = None,
                     *, teacher_questions: int = TEACHER_QUESTIONS, limit: int | None = None) -> dict[str, Any]:
     """Base, SFT and GRPO search agents, each evaluated on every set (its first ``limit`` questions); returns
-    the summary also written to ``output_dir/demo.json``. ``overrides`` apply to both recipes and every eval;
-    of them, the ``model.*`` and ``eval.*`` keys also apply to the HotpotQA eval, which runs the BYOD recipe."""
+    the summary also written to ``output_dir/demo.json``. Each stage that loads a model runs in a fresh process
+    (so a script that calls this needs the ``if __name__ == "__main__":`` guard). ``overrides`` apply to both
+    recipes and every eval; of them, the ``model.*`` and ``eval.*`` keys also apply to the HotpotQA eval, which runs
+    the BYOD recipe."""
     from rich.console import Console
 
     from rlkit import safety

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,32 +37,15 @@ def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
 def peak_rss_gb(children: bool = True) -> float:
     """The peak resident memory so far (GB, 1e9 bytes, to 3 decimals) of this process or of any child it waited for,
     whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo (the
-    largest one process, not a sum). Like ``time -v``, it starts at the resident size of the process that forked it
-    (Linux carries that across exec): from ``make`` or a shell that is nothing; from inside a large Python process it
-    is that process's size. ``children=False``: this process's alone."""
+    largest one process, not a sum). Like ``time -v``'s, a child's figure starts at what the process that spawned it
+    had reached (Linux carries it across exec; Python spawns by vfork, so that is the spawner's peak): from ``make`` or
+    a shell that is nothing; from a large Python process it is that one's. ``children=False``: this process's alone."""
     import resource
 
+    from rlkit.launch import maxrss_bytes
+
     whose = (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) if children else (resource.RUSAGE_SELF,)
-    peak = max(resource.getrusage(who).ru_maxrss for who in whose)
-    return round(peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9, 3)  # macOS counts bytes, Linux kB
-
-
-def own_peak_bytes() -> int:
-    """This process's own peak resident size: on Linux ``VmHWM``, which counts only the memory this program has had
-    since its exec (``ru_maxrss`` starts at the size of the process that spawned it); elsewhere ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except FileNotFoundError:  # macOS: no /proc
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, others kB
-
-
-def _run_and_measure(work: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[Any, int]:
-    """In the fresh process: the stage's value and that process's own peak resident size."""
-    return work(*args, **kwargs), own_peak_bytes()
+    return round(max(maxrss_bytes(who) for who in whose) / 1e9, 3)
 
 
 def copy_evals(eval_dir: Path, run_dir: Path) -> None:
@@ -89,21 +71,18 @@ class Stages:
         return self._timed(name, lambda: (work(), None))
 
     def run_fresh(self, name: str, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``work(*args, **kwargs)`` in a fresh Python process (spawned: it starts with nothing the demo loaded
-        before, and its memory goes back to the OS when it ends), timed; its value comes back pickled, its
-        exception raised here. ``work`` must be importable (a module-level function). Besides the peak so far,
-        the row records that process's own peak (``stage_peak_rss_gb``) and what this process held meanwhile
-        (``demo_rss_gb``): both at once are what the stage took of the machine."""
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
+        """``work(*args, **kwargs)`` in a fresh Python process (:func:`rlkit.launch.call_fresh`: it starts with
+        nothing the demo loaded before, and its memory goes back to the OS when it ends), timed. Besides the peak so
+        far, the row records that process's own peak (``stage_peak_rss_gb``) and this process's size when it started
+        (``demo_rss_gb``); their sum bounds what the two held at once (from above: both count the shared libraries)."""
         import psutil  # accelerate's dependency: this process's size on any OS
+
+        from rlkit.launch import call_fresh
 
         held = psutil.Process().memory_info().rss
 
         def call() -> tuple[Any, dict[str, float]]:
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                value, own = pool.submit(_run_and_measure, work, args, kwargs).result()
+            value, own = call_fresh(work, *args, **kwargs)
             return value, {"stage_peak_rss_gb": round(own / 1e9, 3), "demo_rss_gb": round(held / 1e9, 3)}
 
         return self._timed(name, call)

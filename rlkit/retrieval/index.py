@@ -237,9 +237,16 @@ def _bm25s():
 
     # bm25s runs a JAX op on import when JAX is installed: on a CUDA machine that starts JAX on the GPU, which
     # takes 75% of its memory before any model loads (seen on an H200: the trainer then ran out of memory).
-    # BM25 ranks on the CPU; a JAX_PLATFORMS the user set is kept.
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import bm25s
+    # BM25 ranks on the CPU. The variable is set for that import only (a value the user set is kept); JAX keeps the
+    # backend it started then, so a JAX first started here stays on the CPU in this process, and one started
+    # earlier is not changed.
+    chosen = os.environ.get("JAX_PLATFORMS")
+    os.environ["JAX_PLATFORMS"] = chosen or "cpu"
+    try:
+        import bm25s
+    finally:
+        if chosen is None:
+            del os.environ["JAX_PLATFORMS"]
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
     return bm25s
