@@ -7,9 +7,6 @@ rlkit has no distributed runtime of its own. ``rlkit train RECIPE --num-processe
 and accelerate (torchrun underneath) starts the ranks; TRL's trainer does data parallelism, DeepSpeed or FSDP.
 Launching by hand works the same: ``accelerate launch -m rlkit train RECIPE``.
 
-One stage in a fresh process (:func:`call_fresh`): a demo runs each model-loading stage in a Python process of its
-own, which starts from nothing the stages before left in the heap and hands its memory back when it ends.
-
 Without CUDA the ranks are CPU processes talking over gloo. accelerate's ``--cpu`` flag is no way there: it picks
 accelerate's simple launcher, which starts ONE process whatever ``--num_processes`` says. rlkit uses the torchrun
 launcher (``--multi_gpu``) instead, and the TRL config's ``use_cpu=True`` (rlkit's default on a machine without
@@ -25,10 +22,8 @@ import shlex
 import signal
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from rlkit.errors import UserError
 
@@ -207,80 +202,6 @@ def forwarding_signals(targets: Callable[[], list[int]]) -> Iterator[list[int]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-class ChildTraceback(Exception):
-    """Where an exception raised in a fresh process came from: its traceback there, as text."""
-
-
-def call_fresh(work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """``work(*args, **kwargs)`` in a fresh Python process (spawned: nothing of this one's heap, imports or state);
-    returns its value and that process's own peak resident size in bytes. ``work``, its arguments and its value
-    cross by pickle, so ``work`` must be importable (a module-level function or a ``functools.partial`` of one); its
-    exception is raised here, its traceback there chained as the cause. Like ``multiprocessing``, a script that calls
-    this needs the ``if __name__ == "__main__":`` guard.
-
-    The process logs as rlkit's commands do, runs in a process group of its own and gets SIGINT and SIGTERM from this
-    one, once each (Ctrl-C at the terminal reaches this process only), so a training stage checkpoints, stops and
-    says how to resume, as ``rlkit train`` does; on Linux it gets SIGTERM if this process dies."""
-    import multiprocessing
-
-    spawn = multiprocessing.get_context("spawn")
-    receive, send = spawn.Pipe(duplex=False)
-    child = spawn.Process(target=_fresh_main, args=(send, os.getpid(), work, args, kwargs), daemon=False)
-    child.start()
-    send.close()
-    with forwarding_signals(lambda: [child.pid]):
-        try:
-            ok, payload = receive.recv()
-        except EOFError:  # it died without a word: killed (-9: most often the out-of-memory killer), or crashed
-            child.join()
-            raise RuntimeError(f"{getattr(work, '__name__', work)!s}: its process ended with exit code "
-                               f"{child.exitcode} and no result") from None
-        child.join()
-    if ok:
-        return payload
-    error, where = payload
-    raise error from ChildTraceback(where)
-
-
-def _fresh_main(send: Any, parent: int, work: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
-    os.setpgrp()  # the terminal's Ctrl-C goes to the parent, which passes it on once
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
-        if os.getppid() != parent:  # it died before that
-            os._exit(128 + signal.SIGTERM)
-    setup_logging()
-    try:
-        result = (True, (work(*args, **kwargs), own_peak_bytes()))
-    except BaseException as e:  # noqa: BLE001 - every exception goes back to the parent, which raises it
-        result = (False, (e, traceback.format_exc()))
-    try:
-        send.send(result)
-    except Exception:  # an exception that does not pickle: its text and traceback still go back
-        send.send((False, (RuntimeError(f"{type(result[1][0]).__name__}: {result[1][0]}"), result[1][1])))
-
-
-def own_peak_bytes() -> int:
-    """This process's own peak resident size: on Linux ``VmHWM``, which counts only the memory this program has had
-    since its exec; elsewhere ``ru_maxrss`` (on Linux that one starts at the peak of the process that spawned it)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except FileNotFoundError:  # macOS: no /proc
-        import resource
-
-        return maxrss_bytes(resource.RUSAGE_SELF)
-
-
-def maxrss_bytes(who: int) -> int:
-    """``getrusage(who).ru_maxrss`` in bytes (macOS counts bytes, Linux kB)."""
-    import resource
-
-    peak = resource.getrusage(who).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def setup_logging() -> None:

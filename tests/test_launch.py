@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlkit import launch
-from rlkit.errors import Interrupted, UserError
+from rlkit.errors import UserError
 from rlkit.launch import (
     RankFilter,
     already_launched,
@@ -304,58 +304,3 @@ def test_relaunch_forwards_sigterm_and_reports_it(monkeypatch, tmp_path):
     assert (tmp_path / "ready.got").read_text() == "1"  # the child got it, and knew it was launched
     assert signal.getsignal(signal.SIGTERM) is previous  # rlkit's handler is gone again
 
-
-# call_fresh: one stage in a fresh process (a demo's); builtins as the work, so that it pickles without a module
-
-
-def test_call_fresh_returns_the_value_and_the_process_own_peak_and_logs_as_rlkit(capfd):
-    value, peak = launch.call_fresh(eval, "(__import__('logging').getLogger('rlkit').info('from the stage'), "
-                                          "len(b'x' * 300_000_000))[1]")
-    assert value == 300_000_000
-    assert 0.3e9 <= peak < 0.45e9  # its own: a fresh interpreter and the 300 MB, whatever this process holds
-    assert "from the stage" in capfd.readouterr().err  # rlkit's INFO lines, as from a command
-
-
-def test_call_fresh_raises_the_stage_exception_with_its_traceback_there():
-    with pytest.raises(ValueError, match="invalid literal") as caught:
-        launch.call_fresh(int, "nope")
-    assert isinstance(caught.value.__cause__, launch.ChildTraceback)
-    assert "ValueError: invalid literal" in str(caught.value.__cause__)
-    stopped = "(_ for _ in ()).throw(__import__('rlkit.errors').errors.Interrupted('run: stopped at step 3', 130))"
-    with pytest.raises(Interrupted, match="stopped at step 3") as caught:  # how to resume, and the exit code
-        launch.call_fresh(eval, stopped)
-    assert caught.value.exit_code == 130
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the child's process group from /proc")
-@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
-def test_call_fresh_passes_a_signal_to_the_stage_once_and_waits_for_its_answer(tmp_path, signum):
-    """The stage runs in a process group of its own (a terminal's Ctrl-C reaches only rlkit), and a signal sent to
-    rlkit goes to it, once: here the stage answers SIGINT with KeyboardInterrupt and dies of SIGTERM, as a plain
-    Python process does (a training stage checkpoints and raises Interrupted instead: test_resume)."""
-    import os
-    import signal
-    import threading
-    import time
-
-    signum = getattr(signal, signum)
-    ready, previous = tmp_path / "ready", signal.getsignal(signum)
-    work = f"(open({str(ready)!r}, 'w').write(str(__import__('os').getpgrp())), __import__('time').sleep(60))"
-
-    def send_when_ready():  # once the stage runs and the forwarding handler is in place
-        deadline = time.time() + 60
-        while (not ready.exists() or signal.getsignal(signum) is previous) and time.time() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signum)
-
-    threading.Thread(target=send_when_ready, daemon=True).start()
-    started = time.time()
-    if signum == signal.SIGINT:
-        with pytest.raises(KeyboardInterrupt):
-            launch.call_fresh(eval, work)
-    else:
-        with pytest.raises(RuntimeError, match=f"exit code -{signal.SIGTERM} and no result"):
-            launch.call_fresh(eval, work)
-    assert time.time() - started < 50  # it did not sleep its minute out
-    assert int(ready.read_text()) != os.getpgrp()  # a process group of its own
-    assert signal.getsignal(signum) is previous  # the handler is gone again

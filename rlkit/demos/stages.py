@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,10 +45,90 @@ def peak_rss_gb(children: bool = True) -> float:
     a shell that is nothing; from a large Python process it is that one's. ``children=False``: this process's alone."""
     import resource
 
-    from rlkit.launch import maxrss_bytes
-
     whose = (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) if children else (resource.RUSAGE_SELF,)
     return round(max(maxrss_bytes(who) for who in whose) / 1e9, 3)
+
+
+class ChildTraceback(Exception):
+    """Where an exception raised in a fresh process came from: its traceback there, as text."""
+
+
+def call_fresh(work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+    """``work(*args, **kwargs)`` in a fresh Python process (spawned: nothing of this one's heap, imports or state);
+    returns its value and that process's own peak resident size in bytes. ``work``, its arguments and its value
+    cross by pickle, so ``work`` must be importable (a module-level function or a ``functools.partial`` of one); its
+    exception is raised here, its traceback there chained as the cause. Like ``multiprocessing``, a script that calls
+    this needs the ``if __name__ == "__main__":`` guard.
+
+    The process logs as rlkit's commands do, runs in a process group of its own and gets SIGINT and SIGTERM from this
+    one, once each (Ctrl-C at the terminal reaches this process only), so a training stage checkpoints, stops and
+    says how to resume, as ``rlkit train`` does; on Linux it gets SIGTERM if this process dies."""
+    import multiprocessing
+
+    from rlkit.launch import forwarding_signals
+
+    spawn = multiprocessing.get_context("spawn")
+    receive, send = spawn.Pipe(duplex=False)
+    child = spawn.Process(target=_fresh_main, args=(send, os.getpid(), work, args, kwargs), daemon=False)
+    child.start()
+    send.close()
+    with forwarding_signals(lambda: [child.pid]):
+        try:
+            ok, payload = receive.recv()
+        except EOFError:  # it died without a word: killed (-9: most often the out-of-memory killer), or crashed
+            child.join()
+            raise RuntimeError(f"{getattr(work, '__name__', work)!s}: its process ended with exit code "
+                               f"{child.exitcode} and no result") from None
+        child.join()
+    if ok:
+        return payload
+    error, where = payload
+    raise error from ChildTraceback(where)
+
+
+def _fresh_main(send: Any, parent: int, work: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+    from rlkit.launch import setup_logging
+
+    os.setpgrp()  # the terminal's Ctrl-C goes to the parent, which passes it on once
+    # Python ignores SIGINT when it started ignored (a background job, a test worker): this process answers the one
+    # the parent passes on, as a command would; SIGTERM as the system's default until a trainer installs its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
+        if os.getppid() != parent:  # it died before that
+            os._exit(128 + signal.SIGTERM)
+    setup_logging()
+    try:
+        result = (True, (work(*args, **kwargs), own_peak_bytes()))
+    except BaseException as e:  # noqa: BLE001 - every exception goes back to the parent, which raises it
+        result = (False, (e, traceback.format_exc()))
+    try:
+        send.send(result)
+    except Exception:  # an exception that does not pickle: its text and traceback still go back
+        send.send((False, (RuntimeError(f"{type(result[1][0]).__name__}: {result[1][0]}"), result[1][1])))
+
+
+def own_peak_bytes() -> int:
+    """This process's own peak resident size: on Linux ``VmHWM``, which counts only the memory this program has had
+    since its exec; elsewhere ``ru_maxrss`` (on Linux that one starts at the peak of the process that spawned it)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except FileNotFoundError:  # macOS: no /proc
+        import resource
+
+        return maxrss_bytes(resource.RUSAGE_SELF)
+
+
+def maxrss_bytes(who: int) -> int:
+    """``getrusage(who).ru_maxrss`` in bytes (macOS counts bytes, Linux kB)."""
+    import resource
+
+    peak = resource.getrusage(who).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def copy_evals(eval_dir: Path, run_dir: Path) -> None:
@@ -71,13 +154,11 @@ class Stages:
         return self._timed(name, lambda: (work(), None))
 
     def run_fresh(self, name: str, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``work(*args, **kwargs)`` in a fresh Python process (:func:`rlkit.launch.call_fresh`: it starts with
+        """``work(*args, **kwargs)`` in a fresh Python process (:func:`call_fresh`: it starts with
         nothing the demo loaded before, and its memory goes back to the OS when it ends), timed. Besides the peak so
         far, the row records that process's own peak (``stage_peak_rss_gb``) and this process's size when it started
         (``demo_rss_gb``); their sum bounds what the two held at once (from above: both count the shared libraries)."""
         import psutil  # accelerate's dependency: this process's size on any OS
-
-        from rlkit.launch import call_fresh
 
         held = psutil.Process().memory_info().rss
 
