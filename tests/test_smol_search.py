@@ -130,7 +130,6 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
     assert [s["stage"] for s in summary["stages"] if s["stage"] not in fresh] == ["teacher rollout"]
     for name in ("SFT training", "GRPO training"):  # each imported torch and TRL and loaded the model itself
         assert fresh[name]["stage_peak_rss_gb"] > 0.3 and fresh[name]["demo_rss_gb"] > 0.1
-    assert summary["peak_rss_at_once_gb"] >= max(s["stage_peak_rss_gb"] + s["demo_rss_gb"] for s in fresh.values()) - 1e-9
     kept = json.loads((demo / "grpo" / "best.json").read_text())  # step 0 or 1: the agent eval's pick is evaluated
     assert summary["grpo_kept"]["step"] == kept["step"] in (0, 1)
     assert json.loads((demo / "grpo" / "eval" / "grpo-heldout.json").read_text())["model"].endswith("best")
