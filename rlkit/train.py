@@ -49,8 +49,12 @@ def train(
     overwrite: bool = False,
     resume: bool = False,
     doctor: bool = True,
+    max_minutes: float | None = None,
 ) -> Path:
     """Train one recipe; returns the run directory (adapter in ``RUN/adapter``).
+
+    ``max_minutes`` ends training at the first step that finishes that long after training began (model loading
+    not counted), as if ``max_steps`` had been reached there: the adapter and report are written as usual.
 
     ``resume`` continues the run in the output directory from its latest complete checkpoint
     (weights, optimizer, scheduler, RNG and data position, as transformers restores them).
@@ -93,7 +97,8 @@ def train(
                  *(["--num-processes", str(world)] if world > 1 else []),
                  *(arg for o in overrides or [] for arg in ("--set", o))]
         try:
-            return _run(recipe, config, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again))
+            return _run(recipe, config, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again),
+                        max_minutes)
         except UserError:
             if main and not runs.checkpoints(run_dir) and (run_dir / safety.MARKER).is_file():
                 shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
@@ -136,13 +141,15 @@ def _check_machine(recipe: Recipe, cfg: TrainingArguments, backend: str, cuda: b
 
 
 def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str, smoke: bool, source: str,
-         checkpoint: Path | None, resume_command: str) -> Path:
+         checkpoint: Path | None, resume_command: str, max_minutes: float | None = None) -> Path:
     started = time.time()
     trainer, tokenizer = build_trainer(recipe, run_dir, smoke=smoke, source=source, resumed_from=checkpoint,
                                        config=config)
     log.info("training %s (%s, %s backend) -> %s", recipe.name, recipe.algorithm, backend, run_dir)
     stop = _stop_on_signal()
     trainer.add_callback(stop)
+    if max_minutes is not None:
+        trainer.add_callback(_time_limit(max_minutes))
     try:
         # On CPU, RSS follows live tensors while training: freed ones go back to the OS (see cpu_memory).
         with stop.installed(), cpu_memory.small_heap(active=not cuda_available(), trainer=trainer):
@@ -216,6 +223,25 @@ def _report(run_dir: Path) -> None:
 
 class _Stopped(Exception):
     """Raised from the callback once the checkpoint asked for by a signal is saved."""
+
+
+def _time_limit(minutes: float) -> Any:
+    """A TrainerCallback that ends training at the first step finishing ``minutes`` after training began."""
+    from transformers import TrainerCallback
+
+    class TimeLimit(TrainerCallback):
+        began = 0.0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.began = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.monotonic() - self.began >= minutes * 60 and not control.should_training_stop:
+                log.info("time limit: %.2f min reached after step %d of %d; training ends here", minutes,
+                         state.global_step, state.max_steps)
+                control.should_training_stop = True
+
+    return TimeLimit()
 
 
 def _stop_on_signal() -> Any:

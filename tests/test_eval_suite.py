@@ -64,6 +64,66 @@ def test_prompt_forms():
     assert forms == [len(gsm8k.chat_prompt(q, "mix")) for q in questions]  # the same row, the same form
 
 
+def test_instruction_variants_place_the_instruction_and_never_join_a_training_mix():
+    q = "Ken has 10 apples. How many apples does Ken have?"
+    for name, (where, text) in gsm8k.ASK.items():
+        messages = gsm8k.chat_prompt(q, f"ask-{name}")
+        user = messages[-1]["content"]
+        assert not any(m["role"] == "assistant" for m in messages)  # no worked turns
+        if where == "system":
+            assert messages[0] == {"role": "system", "content": text} and user == q
+        else:
+            assert len(messages) == 1 and user == (f"{text}\n\n{q}" if where == "before" else f"{q}\n{text}")
+    assert len(gsm8k.ASK) >= 8 and {w for w, _ in gsm8k.ASK.values()} == {"system", "before", "after"}
+    questions = gsm8k.generate(2000, seed=21, ops="+-*", max_value=50, max_steps=1)["question"]
+    seen = {m["content"] for q in questions for v in ("mix", "mix-ask") for m in gsm8k.chat_prompt(q, v)}
+    assert not {text for _, text in gsm8k.ASK.values()} & {t for s in seen for t in [s, s.rpartition("\n")[2]]}
+    assert {text for _, text in gsm8k.TRAIN_ASK.values()} <= {t for s in seen for t in [s, s.rpartition("\n")[2]]}
+    picked = [gsm8k.chat_prompt(q, "ask-mix") for q in questions[:500]]
+    counts = [sum(p == gsm8k.chat_prompt(q, f"ask-{name}") for p, q in zip(picked, questions, strict=False))
+              for name in gsm8k.ASK]
+    assert sum(counts) == 500 and min(counts) >= 25  # every variant, about a tenth each
+
+
+def test_robust_suite_asks_the_same_problems_every_way_and_pools_them():
+    robust = load_suite("robust")
+    recipe = recipes_dir() / f"{robust.recipe}.yaml"
+    assert robust.pooled and len(robust.sets) == len(gsm8k.ASK)
+    problems = gsm8k.generate(50, seed=908, ops="+-*", max_value=50, max_steps=1)
+    prompts = {}
+    for s in robust.sets:
+        r = load_recipe(recipe, s.overrides())
+        rows = task_rows(r, "eval", load_rows("gsm8k", r.data.eval))
+        assert list(rows["answer"]) == [gsm8k.gold(a) for a in problems["answer"]]  # the same problems ...
+        assert all(q in row["prompt"][-1]["content"] for q, row in zip(problems["question"], rows, strict=True))
+        prompts[s.name] = json.dumps(list(rows["prompt"]))
+    assert len(set(prompts.values())) == len(robust.sets)  # ... asked ten different ways
+
+
+def test_pooled_row_joins_every_set_and_its_gain_is_paired(tmp_path, monkeypatch):
+    """Scripted evals: two sets of 10, base right on 2 and 3, trained on 6 and 3 (4 gained, none lost): pooled
+    5/20 -> 9/20, exact McNemar p = 2 * 0.5**4 = 0.125."""
+    import rlkit.evaluate
+
+    right = {(False, 1): range(2), (True, 1): range(6), (False, 2): range(3), (True, 2): range(3)}
+
+    def scripted(source, ref, *, limit, out, overrides, show_progress, served):
+        data = json.loads(overrides[0].removeprefix("data.eval="))
+        examples = [{"prompt": f"q{i}", "correct": i in right[ref == "t", data["seed"]]} for i in range(10)]
+        return {"model": ref, "n": 10, "accuracy": sum(e["correct"] for e in examples) / 10, "examples": examples,
+                "path": str(out), "degenerate": 0.1}
+
+    monkeypatch.setattr(rlkit.evaluate, "evaluate", scripted)
+    suite = load_suite(_tiny_suite(tmp_path, n=10))
+    suite.pooled = "both"
+    summary = run_suite(str(recipes_dir() / "tiny_arith_grpo.yaml"), suite, model="t", out=tmp_path / "o",
+                        show_progress=False)
+    base, trained = (r["sets"] for r in summary["rows"])
+    assert (base["both"]["correct"], trained["both"]["correct"], base["both"]["n"]) == (5, 9, 20)
+    assert summary["gain"]["both"]["diff"] == pytest.approx(0.2) and summary["gain"]["both"]["p"] == pytest.approx(0.125)
+    assert summary["sets"][-1]["name"] == "both" and base["small"]["degenerate"] == 0.1
+
+
 def test_shipped_suites_load_and_their_sets_are_valid_recipe_overrides():
     arith = load_suite("arith")
     recipe = recipes_dir() / f"{arith.recipe}.yaml"

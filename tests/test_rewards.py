@@ -465,3 +465,23 @@ def test_user_rewards_may_read_settings_from_kwargs(tmp_path, monkeypatch):
     (tmp_path / "kw_rewards.py").write_text("def f(completions, **kwargs):\n    return [kwargs['bonus']] * len(completions)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve_reward("kw_rewards:f", {"bonus": 0.5})(completions=["a", "b"]) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("3 + 4 = 7\n#### 7", None),
+    ("########", "no answer"),                             # the collapse issue 51 found: no number at all
+    ("############ 7", "character run"),
+    ("The answer is **12**.", None),
+    ("7 = 7\n#### 1000", None),                            # zeros are digits, not a run
+    ("=====\n#### 7", None),                               # five, not eight
+    ("#### 7#### 7#### 7#### 7", "loop"),                  # cut by the token limit mid-repetition
+    ("3 + 4 = 7\n3 + 4 = 7\n3 + 4 = 7\n3 + 4 = 7\n3 +", "loop"),  # cut inside the unit: the loop still shows
+    ("3 + 4 = 7\n3 + 4 = 7\n", None),                      # twice is not a loop
+    ("Ana has 3. 3 + 4 = 7\n#### 7", None),
+    ("<think>#########</think>#### 7", None),                # reasoning is not read
+])
+def test_degenerate_kinds(text, kind):
+    from rlkit.rewards.math import extract_answer
+    from rlkit.rewards.text import degenerate
+
+    assert degenerate(text, extract_answer(text)) == kind

@@ -106,3 +106,13 @@ def test_qlora_4bit_sft_runs_on_cpu(tmp_path):
     assert any("Linear4bit" in type(m).__name__ for m in trainer.model.modules())
     changed = [n for n, p in trainer.model.named_parameters() if "lora_B" in n and not torch.equal(before[n], p)]
     assert changed
+
+
+def test_max_minutes_ends_training_at_the_first_step_past_the_limit(tmp_path):
+    """A limit shorter than one step: training ends after step 1 of 6, the adapter and metrics written as for a
+    finished run (the demo's equal-time control trains this way)."""
+    out = train(recipes_dir() / "gsm8k_sft.yaml", ["trainer.max_steps=6"], smoke=True, output_dir=tmp_path / "run",
+                doctor=False, max_minutes=1e-4)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows) == 1 and any("train_runtime" in r for r in rows)
+    assert (out / "adapter" / "adapter_config.json").is_file()

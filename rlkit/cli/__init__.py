@@ -52,6 +52,8 @@ def train(
     main_process_port: int = typer.Option(None, "--main-process-port", help="Port on the machine with rank 0."),
     no_doctor: bool = typer.Option(False, "--no-doctor", help="Skip the pre-launch checks (template, rewards, "
                                    "batch arithmetic, versions) that run before the model loads."),
+    max_minutes: float = typer.Option(None, "--max-minutes", min=0.01, help="End training at the first step that "
+                                      "finishes this long after training began (before trainer.max_steps)."),
 ) -> None:
     """Train the recipe; writes the run directory (adapter, metrics, plots, report, resolved recipe).
 
@@ -80,7 +82,7 @@ def train(
     from rlkit.train import train as run_train
 
     run_dir = run_train(recipe, set_ or [], smoke=smoke, output_dir=output_dir, overwrite=overwrite, resume=resume,
-                        doctor=not no_doctor)
+                        doctor=not no_doctor, max_minutes=max_minutes)
     if launch.is_main_process():
         console().print(f"[green]run directory:[/] {run_dir}")
 

@@ -19,8 +19,12 @@ def demo(
                                                     "with the tool, each evaluated (45-57 min on 2 cores)."),
     search: bool = typer.Option(False, "--search", help="The search agent on SmolLM2: base -> oracle teacher -> SFT "
                                                         "-> GRPO with the retrieval tool, each evaluated."),
+    full: bool = typer.Option(False, "--full", help="The whole table (make demo-full): every set of the arith and "
+                                                    "robust eval suites, GSM8K's easiest items and IFEval."),
+    control: bool = typer.Option(True, "--control/--no-control", help="Also train the equal-time control: SFT "
+                                 "continued from the SFT adapter for as many minutes as GRPO trained."),
     gsm8k_test: Path = typer.Option(Path("../shared/data/gsm8k/test.jsonl"), "--gsm8k-test",
-                                    help="GSM8K test JSONL for the easiest-items row (skipped when absent)."),
+                                    help="GSM8K test JSONL for the easiest-items row of --full (skipped when absent)."),
     set_: list[str] = SetOpt,
 ) -> None:
     """Offline demo: SmolLM2-135M-Instruct evaluated, fine-tuned (SFT), trained with GRPO on a CPU, evaluated after
@@ -31,6 +35,8 @@ def demo(
     picked = [flag for flag, on in (("--tiny", tiny), ("--calc", calc), ("--search", search)) if on]
     if len(picked) > 1:
         raise UserError(f"{' and '.join(picked)} name different demos: pick one")
+    if picked and (full or not control):
+        raise UserError(f"--full and --no-control are options of the arithmetic demo, not of {picked[0]}")
     if tiny:
         from rlkit.demos.tiny import run_demo as run_tiny_demo
 
@@ -46,4 +52,5 @@ def demo(
     else:
         from rlkit.demos.arith import run_demo
 
-        run_demo(output_dir or Path("runs/demo"), gsm8k_test, set_ or [])
+        run_demo(output_dir or Path("runs/demo-full" if full else "runs/demo"), gsm8k_test, set_ or [], full=full,
+                 control=control)

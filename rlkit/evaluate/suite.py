@@ -68,6 +68,7 @@ class Suite(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     recipe: str | None = None
+    pooled: str | None = Field(None, description="the label of a row that joins every set's problems")
     sets: list[SuiteSet] = Field(min_length=1)
 
 
@@ -92,7 +93,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise UserError(f"{path}: {where}: {first['msg']}") from None
-    names = [s.name for s in suite.sets]
+    names = [s.name for s in suite.sets] + ([suite.pooled] if suite.pooled else [])
     if len(set(names)) != len(names):
         raise UserError(f"{path}: two sets share a name; give each set its own `name:`")
     return suite
@@ -136,7 +137,7 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.results import gain, per_problem
     from rlkit.inference.reference import model_tag
-    from rlkit.stats import interval
+    from rlkit.stats import interval, paired
 
     source, models = plan(target, suite, model, base, no_base)
     if out is None:
@@ -157,13 +158,23 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
             correct = (sum(bool(e["correct"]) for e in res["examples"]) if "examples" in res
                        else round(res["accuracy"] * n))
             cells[s.name] = {"correct": correct, "n": n, "accuracy": correct / n,
-                             "interval": list(interval(per_problem(res))), "results": res["path"]}
+                             "interval": list(interval(per_problem(res))), "results": res["path"],
+                             **({"degenerate": res["degenerate"]} if "degenerate" in res else {})}
             results[-1][s.name] = res
+        if suite.pooled:
+            scores = [x for s in suite.sets for x in per_problem(results[-1][s.name])]
+            cells[suite.pooled] = {"correct": round(sum(scores)), "n": len(scores),
+                                   "accuracy": sum(scores) / len(scores), "interval": list(interval(scores))}
         rows.append({"role": role, "model": label, "sets": cells})
-    summary = {"suite": suite.name, "target": str(target),
-               "sets": [{"name": s.name, "about": s.about} for s in suite.sets], "rows": rows}
+    sets = [{"name": s.name, "about": s.about} for s in suite.sets]
+    if suite.pooled:
+        sets.append({"name": suite.pooled, "about": f"the {len(suite.sets)} sets above together"})
+    summary = {"suite": suite.name, "target": str(target), "sets": sets, "rows": rows}
     if len(results) == 2:
         summary["gain"] = {s.name: gain(results[0][s.name], results[1][s.name]) for s in suite.sets}
+        if suite.pooled:
+            summary["gain"][suite.pooled] = paired(*([x for s in suite.sets for x in per_problem(r[s.name])]
+                                                     for r in results))
     safety.make_parent(summary_path, "eval")
     safety.write_text(summary_path, safety.dumps(summary, indent=2))
     summary["path"] = str(summary_path)

@@ -49,3 +49,32 @@ def completion_text(completion: object) -> str:
                 return "".join(part for part in parts if isinstance(part, str))
             return content if isinstance(content, str) else ""
     return ""
+
+
+# A run of one character (not a digit or a space) eight times or more: "########", "!!!!!!!!".
+_CHAR_RUN = re.compile(r"([^\s\d])\1{7,}")
+# The text ends in one unit of 1-40 characters written three times or more in a row, 16 characters or more in all
+# (so "#### 1000" is not a loop of zeros): a loop the token limit cut.
+_LOOP_TAIL = re.compile(r"(.{1,40}?)\1{2,}\s*\Z", re.DOTALL)
+DEGENERATE_KINDS = ("no answer", "character run", "loop")
+
+
+def degenerate(text: str, answer: object) -> str | None:
+    """Why a reply is degenerate, or None: ``no answer`` (``answer``, the task's reading of it, is None or empty),
+    ``character run`` (one character eight times or more, e.g. ``########``) or ``loop`` (the reply ends in the same
+    piece written three times or more: it was cut mid-repetition). The first that applies; only the visible text
+    (outside ``<think>``) and its last 400 characters for loops are read.
+
+    >>> [degenerate(t, a) for t, a in (("3 + 4 = 7\\n#### 7", "7"), ("########", None), ("7 = 7\\n#### 1000", "1000"),
+    ...                                 ("#### 7#### 7#### 7#### 7", "7"), ("So 3 + 4 is 7.", "7"), ("a!!!!!!!!", "7"))]
+    [None, 'no answer', None, 'loop', None, 'character run']
+    """
+    visible = strip_think(text)
+    if answer is None or answer == "":
+        return "no answer"
+    if _CHAR_RUN.search(visible):
+        return "character run"
+    loop = _LOOP_TAIL.search(visible[-400:].rstrip())
+    if loop and loop.end() - loop.start() >= 16:
+        return "loop"
+    return None
