@@ -184,3 +184,12 @@ def show_accuracy(accuracy: float | None, n: Any = None, bounds: Sequence[float]
     if bounds is None:
         return f"{accuracy:.{digits}f}"
     return show({"mean": accuracy, "low": bounds[0], "high": bounds[1]}, digits)
+
+
+def show_degenerate(results: dict[str, Any]) -> str:
+    """``0.12 (no answer 10, loop 2)``: the share of degenerate replies and how many of each kind; ``-`` where the
+    results do not say (an agent eval, a results file written before rlkit counted them)."""
+    if results.get("degenerate") is None:
+        return "-"
+    kinds = ", ".join(f"{kind} {count}" for kind, count in (results.get("degenerate_kinds") or {}).items())
+    return f"{results['degenerate']:.2f}" + (f" ({kinds})" if kinds else "")

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from rlkit.data import arith, gsm8k
-from rlkit.demos.arith import easiest_gsm8k, eval_sets, format_share
+from rlkit.demos.arith import MODELS, QUICK, control_overrides, easiest_gsm8k, eval_sets, format_share, train_minutes
+from rlkit.evaluate.suite import load_suite
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
 from rlkit.stats import wilson
@@ -77,20 +78,33 @@ def test_short_prompt_puts_the_worked_turns_between_system_and_question():
 def test_demo_eval_sets_are_valid_overrides_of_the_shipped_recipe(tmp_path):
     gsm = tmp_path / "easy.jsonl"
     gsm.write_text(json.dumps({"question": "q", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
-    sets = eval_sets(gsm)
-    assert len(sets) == len(eval_sets(None)) + 1 >= 7  # the arith suite's sets, then GSM8K
-    assert len({slug for _, slug, _ in sets}) == len(sets)  # one results file per set
+    quick, full = eval_sets(gsm), eval_sets(gsm, full=True)
+    assert [slug for _, slug, _ in quick] == list(QUICK)  # `make demo`: the box and three sets outside it
+    assert len(full) == len(load_suite("arith").sets) + len(load_suite("robust").sets) + 1  # ..., then GSM8K
+    assert len(eval_sets(None, full=True)) == len(full) - 1
+    assert len({slug for _, slug, _ in full}) == len(full)  # one results file per set
     recipe = recipes_dir() / "smol_arith_grpo.yaml"
     base = load_recipe(recipe, [])
-    loaded = {slug: load_recipe(recipe, extra) for _, slug, extra in sets}
+    loaded = {slug: load_recipe(recipe, extra) for _, slug, extra in full}
     assert loaded["other-wording"].data.eval.generator["wording"] == "other"
     assert loaded["bare"].data.prompt == "bare" and loaded["alt-prompt"].data.prompt == "alt"
+    assert loaded["ask-mix"].data.prompt == "ask-mix" and loaded["robust-after-hash"].data.prompt == "ask-after-hash"
     assert loaded["gsm8k-easiest"].data.eval.path == str(gsm) and loaded["gsm8k-easiest"].data.prompt == "short"
     # the demo's old held-out set is the suite's `box`: other draws than training's, 100 of them
     box = loaded["box"].data.eval
     train = set(gsm8k.generate(base.data.train.synthetic, seed=base.data.train.seed, **base.data.train.generator)["question"])
     held = gsm8k.generate(box.synthetic, seed=box.seed, **box.generator)["question"]
     assert len(held) == 100 and sum(q in train for q in held) <= 5
+
+
+def test_the_control_continues_sft_on_grpos_problems_until_the_time_limit(tmp_path):
+    recipe, sft = recipes_dir() / "smol_arith_grpo.yaml", recipes_dir() / "smol_arith_sft.yaml"
+    control = load_recipe(sft, control_overrides(recipe, [], tmp_path / "sft"))
+    grpo = load_recipe(recipe)
+    assert control.init_from == str(tmp_path / "sft") and control.algorithm == "sft"
+    assert control.data.train == grpo.data.train and control.data.prompt == grpo.data.prompt  # the same pool
+    assert control.trainer["lr_scheduler_type"] == "constant" and control.trainer["max_steps"] >= 10_000
+    assert control.trainer["learning_rate"] == load_recipe(sft).trainer["learning_rate"]
 
 
 def test_format_share_counts_replies_ending_with_the_answer_line():
@@ -102,7 +116,8 @@ def test_format_share_counts_replies_ending_with_the_answer_line():
 @pytest.mark.report
 def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path):
     """The real demo's wiring, on the tiny model with one SFT and one GRPO step (the numbers are `make demo`'s
-    job): base, SFT and GRPO on every set, the paired gains, GRPO continuing from the SFT adapter."""
+    job): base, SFT, GRPO and the equal-time control on every set, the paired gains, GRPO and the control both
+    continuing from the SFT adapter, the control trained no longer than GRPO."""
     from rlkit.demos.arith import run_demo
     from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
 
@@ -112,32 +127,37 @@ def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path)
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
             "trainer.max_steps=1", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
     grpo = ["trainer.num_generations=2", "trainer.per_device_train_batch_size=4", "trainer.max_completion_length=8"]
-    summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3, grpo_overrides=grpo)
-    slugs = [slug for _, slug, _ in eval_sets(gsm)]
-    assert [r["n"] for r in summary["rows"]] == [3] * len(slugs)
+    summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3, grpo_overrides=grpo, full=True)
+    slugs = [slug for _, slug, _ in eval_sets(gsm, full=True)]
+    assert [r["n"] for r in summary["rows"]] == [3] * len(slugs) + [3 * len(load_suite("robust").sets)]  # + pooled
+    assert summary["rows"][-1]["set"] == "ask: all ten (pooled)"
     for r in summary["rows"]:
-        assert all(0 <= r[k] <= 1 for k in ("base", "sft", "grpo"))
-        assert r["base_interval"] == pytest.approx(wilson(round(r["base"] * r["n"]), r["n"]))
-        for key, (before, after) in {"sft_minus_base": ("base", "sft"), "grpo_minus_sft": ("sft", "grpo"),
-                                     "grpo_minus_base": ("base", "grpo")}.items():
+        assert all(0 <= r[m]["accuracy"] <= 1 and 0 <= r[m]["degenerate"] <= 1 for m in MODELS)
+        assert r["base"]["interval"] == pytest.approx(wilson(round(r["base"]["accuracy"] * r["n"]), r["n"]))
+        for key, (before, after) in {"SFT - base": ("base", "SFT"), "GRPO - SFT": ("SFT", "GRPO"),
+                                     "GRPO - base": ("base", "GRPO"), "GRPO - control": ("SFT continued", "GRPO")}.items():
             gain = r[key]  # paired on the same problems: exact McNemar for right/wrong
-            assert gain["test"] == "mcnemar" and gain["diff"] == pytest.approx(r[after] - r[before])
+            assert gain["test"] == "mcnemar"
+            assert gain["diff"] == pytest.approx(r[after]["accuracy"] - r[before]["accuracy"])
             assert gain["low"] <= gain["diff"] <= gain["high"] and 0 <= gain["p"] <= 1
     ifeval = IFEVAL_PROMPTS.is_file()
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
                                                        "SFT eval", "GRPO training", "GRPO eval",
+                                                       "SFT continued (control)", "control eval",
                                                        *(["IFEval check"] if ifeval else [])]
-    run = tmp_path / "demo" / "grpo"
-    assert yaml.safe_load((run / "recipe.resolved.yaml").read_text())["init_from"] == str(tmp_path / "demo" / "sft")
-    if ifeval:  # base -> SFT -> GRPO on the demo's first `limit` IFEval prompts, in demo.json and the run's report
-        assert [(r["role"], r["n"]) for r in summary["ifeval"]["rows"]] == [("base", 3), ("SFT", 3), ("GRPO", 3)]
-        assert ("GRPO", "SFT") in [(c["role"], c["against"]) for c in summary["ifeval"]["comparisons"]]
+    demo = tmp_path / "demo"
+    run, control = demo / "grpo", demo / "sft-continued"
+    assert yaml.safe_load((run / "recipe.resolved.yaml").read_text())["init_from"] == str(demo / "sft")
+    assert yaml.safe_load((control / "recipe.resolved.yaml").read_text())["init_from"] == str(demo / "sft")
+    assert train_minutes(control) <= train_minutes(run) + 1  # stopped at GRPO's minutes (plus its last step)
+    if ifeval:  # base -> SFT -> GRPO -> control on the demo's first `limit` IFEval prompts, in demo.json and the report
+        assert [(r["role"], r["n"]) for r in summary["ifeval"]["rows"]] == [(m, 3) for m in MODELS]
         assert "## General ability: IFEval" in (run / "report.md").read_text()
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
-        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in slugs)
+        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo", "control") for slug in slugs)
     report = (run / "report.md").read_text()
     assert "base-other-wording.json" in report and "grpo-gsm8k-easiest.json" in report
-    assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]
+    assert json.loads((demo / "demo.json").read_text())["rows"] == summary["rows"]
 
 
 def test_a_demo_reuses_an_existing_folder_without_claiming_it(tmp_path):

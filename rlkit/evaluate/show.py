@@ -7,7 +7,7 @@ from typing import Any
 
 from rlkit import runs
 from rlkit.evaluate.sampled import print_sampled
-from rlkit.stats import show_accuracy
+from rlkit.stats import show_accuracy, show_degenerate
 
 
 def print_eval(results: dict[str, Any]) -> None:
@@ -29,15 +29,6 @@ def print_eval(results: dict[str, Any]) -> None:
     console.print(f"per-example predictions: {results['path']}")
     if "samples" in results:
         print_sampled(results, console)
-
-
-def show_degenerate(results: dict[str, Any]) -> str:
-    """``0.12 (no answer 10, loop 2)``: the share of degenerate replies and how many of each kind; ``-`` where the
-    results do not say (an agent eval, a results file written before rlkit counted them)."""
-    if "degenerate" not in results:
-        return "-"
-    kinds = ", ".join(f"{kind} {count}" for kind, count in results.get("degenerate_kinds", {}).items())
-    return f"{results['degenerate']:.2f}" + (f" ({kinds})" if kinds else "")
 
 
 def print_agent_eval(results: dict[str, Any]) -> None:

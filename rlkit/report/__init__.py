@@ -24,7 +24,7 @@ from typing import Any
 from rlkit import runs, secrets
 from rlkit.errors import UserError
 from rlkit.report.charts import CHARTS, atomic_write, finite_number, fmt, series
-from rlkit.stats import show_accuracy, show_diff
+from rlkit.stats import show_accuracy, show_degenerate, show_diff
 
 PLOTS = "plots"
 REPORT = "report.md"
@@ -117,6 +117,7 @@ def _read_evals(eval_dir: Path) -> list[dict[str, Any]]:
             out.append({"file": path.name, "model": str(result.get("model", path.stem)), "n": result.get("n"),
                         "metric": str(result.get("metric", "accuracy")), "accuracy": result["accuracy"],
                         "interval": result.get("interval"), "seconds": result.get("seconds"),
+                        "degenerate": result.get("degenerate"), "degenerate_kinds": result.get("degenerate_kinds"),
                         "by_question_type": result.get("by_question_type") or {},
                         "trajectories": result.get("trajectories")})
     return out
@@ -257,12 +258,13 @@ def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
     lines += [f"| `{r['metric']}` | {fmt(r['first'])} | {fmt(r['last'])} | {fmt(r['min'])} | {fmt(r['max'])} "
               f"| {r['steps']} |" for r in s["rows"]]
     if s["evals"]:
-        lines += ["", "## Evaluations", "", "| model | n | accuracy [95% interval] | seconds | file |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "## Evaluations", "", "Degenerate: the share of replies with no answer, a character run "
+                  "(`########`) or a loop cut by the token limit.", "",
+                  "| model | n | accuracy [95% interval] | degenerate | seconds | file |", "|---|---|---|---|---|---|"]
         for e in s["evals"]:
-            lines.append(f"| `{e['model']}` | {fmt(e['n'])} | {_accuracy(e)} | {fmt(e['seconds'])} "
-                         f"| `eval/{e['file']}` |")
-            lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {_accuracy(row)} | | |"
+            lines.append(f"| `{e['model']}` | {fmt(e['n'])} | {_accuracy(e)} | {show_degenerate(e)} "
+                         f"| {fmt(e['seconds'])} | `eval/{e['file']}` |")
+            lines += [f"| ↳ {kind} | {fmt(row.get('n'))} | {_accuracy(row)} | | | |"
                       for kind, row in e["by_question_type"].items() if isinstance(row, dict)]
     if s.get("episodes"):
         lines += _episode_lines(s["episodes"])
@@ -291,10 +293,10 @@ def render(summary: dict[str, Any], console: Any) -> None:
     console.print(table)
     if summary["evals"]:
         evals = Table(title="evaluations", title_justify="left")
-        for i, column in enumerate(("model", "n", "accuracy [95% interval]")):
+        for i, column in enumerate(("model", "n", "accuracy [95% interval]", "degenerate")):
             evals.add_column(column, justify="left" if i == 0 else "right")
         for e in summary["evals"]:
-            evals.add_row(escape(e["model"]), fmt(e["n"]), _accuracy(e))
+            evals.add_row(escape(e["model"]), fmt(e["n"]), _accuracy(e), show_degenerate(e))
         console.print(evals)
     for c in (summary.get("ifeval") or {}).get("comparisons") or []:
         if c["flagged"]:
