@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         raise fail(f"--piece-mib {args.piece_mib}: give a size above 0")
     vllm = vllm_for(args.torch)
     have = {canonical(n) for n in (*BARE, *filter(None, (h.strip() for h in args.have.split(","))))}
+    machine_has = sorted(have)  # `collect` adds what it packs to `have`
     with tempfile.TemporaryDirectory(prefix="rlkit-gpu-carry-") as tmp:
         downloads = args.wheels or Path(tmp) / "downloads"
         downloads.mkdir(parents=True, exist_ok=True)
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         record = pack(files, args.out, int(args.piece_mib * 2**20), xz_preset=args.xz_preset,
                       target={"python": args.python, "torch": args.torch, "arch": args.arch,
                               "platform": args.platform, "cuda_major": args.cuda_major},
-                      rlkit_commit=commit(), vllm=vllm, have=sorted(have - {"vllm"}), stripped=stripped,
+                      rlkit_commit=commit(), vllm=vllm, have=machine_has, stripped=stripped,
                       model=model.name if model else None, env=env,
                       sizes={"vllm_wheel_downloaded": before, "vllm_wheel_stripped_unpacked":
                              (dest / vllm_wheel.name).stat().st_size, "wheels_unpacked": wheel_bytes})
