@@ -140,7 +140,17 @@ def exports(manifest: dict, target: Path, model: Path | None) -> dict[str, str]:
     return env
 
 
+def check_python(manifest: dict) -> None:
+    """The wheels are for the manifest's Python: another one would fail in pip after minutes of joining."""
+    wanted = str(manifest.get("target", {}).get("python", ""))
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if wanted and wanted != here:
+        raise Refused(f"this is Python {here} and the carry's wheels are for {wanted}: run this script with "
+                      f"python{wanted}")
+
+
 def install(manifest: dict, store: Path, target: Path) -> dict[str, str]:
+    check_python(manifest)
     marker = target / f".rlkit-carry-{manifest['archive']['sha256'][:16]}"
     files = store / "files"
     model = next((files / f["name"] for f in manifest["files"] if f["name"].startswith(MODEL_PREFIX)), None)

@@ -219,3 +219,15 @@ def test_repacking_a_wheel_without_drops_keeps_every_file_byte_for_byte(tmp_path
     with zipfile.ZipFile(wheel) as z:
         assert {n: z.read(n) for n in z.namelist()} == before
         assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
+
+
+def test_a_python_other_than_the_carrys_is_refused_before_joining(carry, tmp_path):
+    _, _, files = carry
+    manifest = gpu_carry.pack(files[:1], tmp_path / "py", 8192, xz_preset=1, target={"python": "3.99"})
+    names = [p["name"] for p in manifest["pieces"]]
+    done = install(upload(tmp_path / "py", tmp_path / "up", names), "--store", tmp_path / "store",
+                   "--target", tmp_path / "site")
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"error: this is Python {here} and the carry's wheels are for 3.99: run this script with python3.99")
+    assert all((tmp_path / "store" / n).is_file() for n in names) and not (tmp_path / "store" / "files").exists()
