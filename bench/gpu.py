@@ -60,12 +60,12 @@ from common import markdown, table  # noqa: E402  (after the path is set)
 from gpu_case import (  # noqa: E402
     _RESULT,
     CASES,
-    REFUSED,
     LORA_R,
     MAX_COMPLETION_LENGTH,
     MERGE_STEPS,
     NUM_GENERATIONS,
     PROMPTS_PER_STEP,
+    REFUSED,
     SFT_BATCH,
     SIZES,
     STEPS,
