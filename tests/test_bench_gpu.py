@@ -179,3 +179,26 @@ def test_the_refused_vllm_case_is_one_rlkit_train_refuses_too(tiny_model_dir):
     recipe = validate(gpu_case.recipe(case, tiny_model_dir), source="test")
     with pytest.raises(UserError, match="trl#4973"):
         _check_machine(recipe, trainer_config(recipe, output_dir="/tmp/x"), "hf", cuda=True)
+
+
+@pytest.mark.parametrize("task", ["arith", "search"])
+def test_the_gpu_smol_overrides_are_valid_recipe_settings_for_both_stages(task):
+    """A typo in bench/gpu_smol.py's overrides would fail on the GPU machine, after the device time is spent."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_smol
+
+    from rlkit.demos import arith, search
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    sft, grpo = (arith.SFT, arith.RECIPE) if task == "arith" else (search.SFT, search.GRPO)
+    both, grpo_only = gpu_smol.overrides(task, gpu_smol.STEPS[task], smoke=False)
+    trained = load_recipe(recipes_dir() / grpo, both + grpo_only)
+    assert trained.trainer["use_vllm"] is True and trained.trainer["vllm_mode"] == "colocate"
+    assert trained.trainer["max_steps"] == gpu_smol.STEPS[task] >= 100 and trained.trainer["cache_implementation"] is None
+    assert trained.model.attn_implementation == "sdpa" and trained.model.dtype == "bfloat16"
+    if task == "search":
+        assert trained.eval.agent_every == gpu_smol.STEPS[task] // 10
+    warmup = load_recipe(recipes_dir() / sft, both)
+    assert warmup.model.attn_implementation == "sdpa" and warmup.algorithm == "sft"
+    smoke_both, smoke_grpo = gpu_smol.overrides(task, 2, smoke=True)
+    assert not any("vllm" in o for o in smoke_both + smoke_grpo)
