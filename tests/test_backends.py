@@ -161,7 +161,8 @@ def no_flashinfer(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
-    monkeypatch.delenv(backends.FLASHINFER_SAMPLER, raising=False)
+    monkeypatch.setenv(backends.FLASHINFER_SAMPLER, "set by a test")  # so that the variable is restored afterwards
+    monkeypatch.delenv(backends.FLASHINFER_SAMPLER)
 
 
 def test_without_flashinfer_rlkit_switches_vllms_flashinfer_sampler_off_and_says_so_once(no_flashinfer, caplog):
