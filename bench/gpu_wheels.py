@@ -9,7 +9,7 @@ wheel's declared dependencies (markers evaluated for the target), skipping what 
 only remote URLs need it). Versions are those installed here, the combination rlkit is tested with.
 
 Trimmed to fit: bitsandbytes keeps only its CPU and CUDA-`--cuda-major` libraries, unsloth drops
-its `studio/` web app. vLLM (~300 MiB with its kernels) is too large to carry: its cases are skipped.
+its `studio/` web app. vLLM comes with `bench/gpu_carry.py`, which adds it to these wheels in pieces.
 
     python bench/gpu_wheels.py --out gpu-wheels.tar.xz             # ~48 MiB; add --unsloth for Unsloth
     # copy it and the checkout to the GPU machine, then there:
