@@ -3,7 +3,7 @@
 Runs from a checkout on a bare CUDA machine (no install of rlkit, no network): the script puts the
 checkout on `sys.path`. What a case needs beyond torch + transformers + peft + accelerate is checked
 first, and a case that cannot run is a row saying why ("skipped: bitsandbytes not installed"). Bring
-the missing wheels with `bench/gpu_wheels.py` (README, "GPU check").
+the missing wheels with `bench/gpu_wheels.py`, or vLLM with them with `bench/gpu_carry.py` (docs/gpu.md).
 
 No downloads: the models are random-initialised Qwen3s built from the public Qwen/Qwen3-0.6B and
 Qwen/Qwen3-1.7B configs (written out below) with rlkit's tiny tokenizer, so the vocabulary is 1024
@@ -16,8 +16,9 @@ Cases (`--case`, repeatable; default all), each at each size (`--size`, default 
     grpo-hf-bf16-lora        transformers + peft, bf16 base, LoRA, HF generate
     grpo-hf-qlora-nf4        bitsandbytes nf4 (double quant) base, LoRA, HF generate
     grpo-unsloth-qlora       Unsloth 4-bit, Unsloth's LoRA, HF generate
-    grpo-hf-bf16-lora-vllm   TRL's colocated vLLM (TRL cannot sync a 4-bit base)
+    grpo-hf-bf16-lora-vllm   TRL's colocated vLLM
     grpo-unsloth-qlora-vllm  Unsloth's colocated vLLM engine (fast_inference)
+    grpo-hf-qlora-nf4-vllm   a 4-bit base with TRL's colocated vLLM: refused in one line, nothing runs (trl#4973)
     sft-hf-bf16-lora, sft-hf-qlora-nf4, sft-unsloth-qlora
     merge-hf-qlora-nf4       a few QLoRA SFT steps, then `rlkit merge` on CUDA with its fidelity report
 
@@ -64,6 +65,7 @@ from gpu_case import (  # noqa: E402
     MERGE_STEPS,
     NUM_GENERATIONS,
     PROMPTS_PER_STEP,
+    REFUSED,
     SFT_BATCH,
     SIZES,
     STEPS,
@@ -89,12 +91,13 @@ def needs(case: str) -> dict[str, str]:
 
 
 def skip_reason(case: str, cuda: bool) -> str | None:
-    """Why `case` cannot run here (the first missing package, else no GPU), or None."""
+    """Why `case` cannot run here (refused whatever the machine, a missing package, else no GPU), or None."""
+    if case in REFUSED:
+        return REFUSED[case]
     missing = [dist for module, dist in needs(case).items() if importlib.util.find_spec(module) is None]
     if missing:
         why = f"skipped: {', '.join(missing)} not installed"
-        # vLLM (~300 MiB of wheels plus its CUDA libraries) cannot be carried to a bare machine.
-        return why + (" (vLLM is too large to carry)" if "vllm" in missing else "")
+        return why + (" (carry it with bench/gpu_carry.py)" if "vllm" in missing else "")
     if not cuda:
         return "skipped: no CUDA GPU"
     return None

@@ -9,7 +9,7 @@ wheel's declared dependencies (markers evaluated for the target), skipping what 
 only remote URLs need it). Versions are those installed here, the combination rlkit is tested with.
 
 Trimmed to fit: bitsandbytes keeps only its CPU and CUDA-`--cuda-major` libraries, unsloth drops
-its `studio/` web app. vLLM (~300 MiB with its kernels) is too large to carry: its cases are skipped.
+its `studio/` web app. vLLM comes with `bench/gpu_carry.py`, which adds it to these wheels in pieces.
 
     python bench/gpu_wheels.py --out gpu-wheels.tar.xz             # ~48 MiB; add --unsloth for Unsloth
     # copy it and the checkout to the GPU machine, then there:
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import io
 import re
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -71,7 +71,9 @@ def download(spec: str, dest: Path, python: str, platform: str) -> Path:
             return path
     before = set(dest.iterdir())
     # pip does not widen an explicit manylinux tag to the older ones it implies: list them.
-    platforms = [platform, *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 29)), "manylinux2014_x86_64", "any"]
+    newest = int(m.group(1)) if (m := re.fullmatch(r"manylinux_2_(\d+)_x86_64", platform)) else 28
+    platforms = [platform, *(f"manylinux_2_{minor}_x86_64" for minor in range(17, max(newest, 28) + 1)),
+                 "manylinux2014_x86_64", "any"]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", python,
            *(arg for p in dict.fromkeys(platforms) for arg in ("--platform", p)), "--implementation", "cp",
            "-d", str(dest), "-q", spec]
@@ -102,27 +104,60 @@ def requirements(wheel: Path, python: str) -> list[str]:
     return out
 
 
-def repack(wheel: Path, drop: re.Pattern | None = None) -> None:
+def repack(wheel: Path, drop: re.Pattern | None = None) -> list[tuple[str, int]]:
     """Rewrite a wheel uncompressed (xz then compresses the whole archive far better than each wheel's
-    deflate), without the files matching ``drop`` (its RECORD rewritten to match)."""
-    with zipfile.ZipFile(wheel) as z:
-        items = [(i, z.read(i)) for i in z.infolist() if drop is None or not drop.search(i.filename)]
-        dropped = len(z.infolist()) != len(items)
-    record_name = next(i.filename for i, _ in items if i.filename.endswith(".dist-info/RECORD"))
-    record = None
-    if dropped:
+    deflate), without the files matching ``drop`` (its RECORD rewritten to match); returns the files left
+    out, with their unpacked sizes. Streams member by member: vLLM's wheel is 700 MiB unpacked."""
+    out = wheel.with_name(wheel.name + ".tmp")
+    dropped: list[tuple[str, int]] = []
+    with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as new:
+        infos = z.infolist()
+        dropped = [(i.filename, i.file_size) for i in infos if drop is not None and drop.search(i.filename)]
+        gone = {name for name, _ in dropped}
+        record_name = next(i.filename for i in infos if i.filename.endswith(".dist-info/RECORD"))
         lines = []
-        for info, data in items:
-            if info.filename != record_name:
+        for info in infos:
+            if info.filename in gone or info.filename == record_name:
+                continue
+            data = z.read(info)
+            if dropped:
                 digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
                 lines.append(f"{info.filename},sha256={digest},{len(data)}")
-        record = "\n".join([*lines, f"{record_name},,"]) + "\n"
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as z:
-        for info, data in items:
             info.compress_type = zipfile.ZIP_STORED
-            z.writestr(info, record if record is not None and info.filename == record_name else data)
-    wheel.write_bytes(buffer.getvalue())
+            new.writestr(info, data)
+        record = z.getinfo(record_name)
+        text = "\n".join([*lines, f"{record_name},,"]) + "\n" if dropped else z.read(record)
+        record.compress_type = zipfile.ZIP_STORED  # after reading: z.read decompresses as the info says
+        new.writestr(record, text)
+    out.replace(wheel)
+    return dropped
+
+
+def collect(todo: list[str], have: set[str], downloads: Path, dest: Path, python: str, platform: str,
+            spec: Callable[[str], str] | None = None) -> list[Path]:
+    """Download ``todo`` and what each needs (markers evaluated for the target, ``have`` skipped) into
+    ``downloads`` (a re-run reuses them), copy each wheel into ``dest``; ``spec(name)`` says which version
+    (default: :func:`pinned`). ``have`` grows by what was collected, so a second call never packs a second
+    version of a package."""
+    spec = spec or pinned
+    todo, wheels = list(todo), []
+    while todo:
+        name = canonical(todo.pop(0))
+        if name in have:
+            continue
+        have.add(name)
+        wheel = download(spec(name), downloads, python, platform)
+        todo += requirements(wheel, python)
+        shutil.copy(wheel, dest / wheel.name)
+        wheels.append(dest / wheel.name)
+    return wheels
+
+
+def drops(cuda_major: str) -> dict[str, re.Pattern]:
+    """Wheel-name prefix -> the files left out of it: bitsandbytes' libraries for other CUDA majors, Unsloth's
+    `studio/` web app."""
+    keep_cuda = rf"libbitsandbytes_(?!cpu)(?!cuda{cuda_major}\d)\w+\.(so|dll|dylib)$"
+    return {"bitsandbytes-": re.compile(keep_cuda), "unsloth-": re.compile(r"^(unsloth/)?studio/")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,25 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     have = {canonical(n) for n in (*BARE, *args.have)}
     todo = [*WANT, *(UNSLOTH if args.unsloth else [])]
-    seen: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="rlkit-gpu-wheels-") as tmp:
         downloads = args.wheels or Path(tmp) / "downloads"
         downloads.mkdir(parents=True, exist_ok=True)
         dest = Path(tmp) / "pack"
         dest.mkdir()
-        while todo:
-            name = canonical(todo.pop(0))
-            if name in seen or name in have:
-                continue
-            seen.add(name)
-            wheel = download(pinned(name), downloads, args.python, args.platform)
-            todo += requirements(wheel, args.python)
-            shutil.copy(wheel, dest / wheel.name)
-        keep_cuda = rf"libbitsandbytes_(?!cpu)(?!cuda{args.cuda_major}\d)\w+\.(so|dll|dylib)$"
-        drops = {"bitsandbytes-": re.compile(keep_cuda),
-                 "unsloth-": re.compile(r"^(unsloth/)?studio/")}
+        collect(todo, have, downloads, dest, args.python, args.platform)
+        trims = drops(args.cuda_major)
         for wheel in dest.glob("*.whl"):
-            repack(wheel, next((d for prefix, d in drops.items() if wheel.name.startswith(prefix)), None))
+            repack(wheel, next((d for prefix, d in trims.items() if wheel.name.startswith(prefix)), None))
         with tarfile.open(args.out, "w:xz", preset=9) as tar:
             for wheel in sorted(dest.glob("*.whl")):
                 tar.add(wheel, arcname=wheel.name)

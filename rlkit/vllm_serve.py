@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
-from rlkit.backends import cuda_available
+from rlkit.backends import cuda_available, prepare_vllm_env
 from rlkit.errors import UserError
 from rlkit.recipe import Recipe, load_recipe
 from rlkit.tiny import resolve_model_id
@@ -119,6 +119,7 @@ def serve(recipe_path: str | Path, overrides: Sequence[str] = (), smoke: bool = 
         raise UserError("vllm-serve: vLLM is not installed; on the GPU machine `pip install 'rlkit[gpu]'`")
     if not cuda_available():
         raise UserError("vllm-serve: vLLM needs a CUDA GPU and this machine has none")
+    prepare_vllm_env()  # the server inherits this process's environment
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
     log.info("vLLM server for %s on GPUs %s: %s", recipe.name, gpus, shlex.join(cmd))
     sys.stdout.flush()

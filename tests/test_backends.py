@@ -152,3 +152,56 @@ def test_the_cpu_lm_head_reads_a_contiguous_input_instead_of_copying_itself_per_
     assert strided_mb > 500 and contiguous_mb < 150 and strided_sum == contiguous_sum
     model, _ = load(ModelSpec(name_or_path=str(tiny_model_dir), backend="hf"))
     assert len(model.get_output_embeddings()._forward_pre_hooks) == 1  # rlkit's CPU load installs it
+
+
+@pytest.fixture
+def no_flashinfer(monkeypatch):
+    """A machine without flashinfer-python (a carried vLLM) and without the variable set."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    monkeypatch.setenv(backends.FLASHINFER_SAMPLER, "set by a test")  # so that the variable is restored afterwards
+    monkeypatch.delenv(backends.FLASHINFER_SAMPLER)
+
+
+def test_without_flashinfer_rlkit_switches_vllms_flashinfer_sampler_off_and_says_so_once(no_flashinfer, caplog):
+    with caplog.at_level("INFO", logger="rlkit"):
+        backends.prepare_vllm_env()
+        backends.prepare_vllm_env()
+    assert os.environ[backends.FLASHINFER_SAMPLER] == "0"
+    said = [r.getMessage() for r in caplog.records if "flashinfer" in r.getMessage()]
+    assert said == ["vLLM: flashinfer is not installed, so VLLM_USE_FLASHINFER_SAMPLER=0 (vLLM's own sampler instead "
+                    "of FlashInfer's)"]
+
+
+def test_the_users_flashinfer_setting_wins_and_an_installed_flashinfer_is_used(no_flashinfer, monkeypatch, caplog):
+    import importlib.util
+
+    monkeypatch.setenv(backends.FLASHINFER_SAMPLER, "1")
+    with caplog.at_level("INFO", logger="rlkit"):
+        backends.prepare_vllm_env()
+    assert os.environ[backends.FLASHINFER_SAMPLER] == "1" and "flashinfer" not in caplog.text
+    monkeypatch.delenv(backends.FLASHINFER_SAMPLER)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # flashinfer-python installed
+    backends.prepare_vllm_env()
+    assert backends.FLASHINFER_SAMPLER not in os.environ
+
+
+@pytest.mark.parametrize("use_vllm", [True, False])
+def test_loading_for_training_with_vllm_sets_the_sampler_fallback_first(no_flashinfer, monkeypatch, use_vllm):
+    """Where TRL's colocated engine (hf) or Unsloth's (fast_inference) starts: backends.load, before the model."""
+    from rlkit.backends import hf
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    seen = {}
+
+    def load(*args, **kwargs):
+        seen["env"] = os.environ.get(backends.FLASHINFER_SAMPLER)
+        return None, None
+
+    monkeypatch.setattr(hf, "load", load)
+    monkeypatch.setattr(hf, "lora_config", lambda *a, **k: None)
+    recipe = load_recipe(recipes_dir() / "gsm8k_grpo.yaml", ["model.backend=hf"], smoke=True)
+    backends.load(recipe, use_vllm=use_vllm)
+    assert seen["env"] == ("0" if use_vllm else None)

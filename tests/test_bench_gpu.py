@@ -35,13 +35,17 @@ def test_dry_run_shows_the_plan_and_records_why_each_case_cannot_run(tmp_path):
 
     done = run("--dry-run", "--out", str(tmp_path), "--size", "0.6b")
     assert done.returncode == 0, done.stderr
-    assert "GPU check: 9 case(s)" in done.stdout
+    assert "GPU check: 10 case(s)" in done.stdout
     rows = [json.loads(line) for line in (tmp_path / "gpu.jsonl").read_text().splitlines()]
     status = {r["case"]: r["status"] for r in rows}
     assert status["grpo-unsloth-qlora"] == "skipped: unsloth, unsloth_zoo not installed"
-    assert status["grpo-hf-bf16-lora-vllm"] == "skipped: vllm not installed (vLLM is too large to carry)"
+    if importlib.util.find_spec("vllm") is None:
+        assert status["grpo-hf-bf16-lora-vllm"] == "skipped: vllm not installed (carry it with bench/gpu_carry.py)"
+    # refused on any machine, before a model is built: the reason is the row
+    assert status["grpo-hf-qlora-nf4-vllm"].startswith("not run: TRL's colocated vLLM cannot take a 4-bit base's "
+                                                       "weights (trl#4973")
     if not torch.cuda.is_available():
-        assert len(rows) == 9 and status["sft-hf-qlora-nf4"] == "skipped: no CUDA GPU"
+        assert len(rows) == 10 and status["sft-hf-qlora-nf4"] == "skipped: no CUDA GPU"
     # a second call appends; the table keeps the latest row per size and case
     run("--dry-run", "--out", str(tmp_path), "--size", "0.6b", "--case", "grpo-unsloth-qlora")
     assert len((tmp_path / "gpu.jsonl").read_text().splitlines()) == len(rows) + 1
@@ -156,3 +160,45 @@ def test_a_grpo_case_reports_its_step_phase_by_phase_and_the_phases_add_up_to_th
     page = (tmp_path / "out" / "gpu.md").read_text()
     assert "## GRPO step by phase" in page and "tiny grpo-hf-bf16-lora (peak: process RSS)" in page
     assert "| whole step " in page
+
+
+@pytest.mark.trains
+def test_the_refused_vllm_case_is_one_rlkit_train_refuses_too(tiny_model_dir):
+    """The 4-bit + colocated vLLM row says why in one line before any GPU time; `rlkit train` refuses the same recipe
+    on a CUDA machine for the same reason (trl#4973), so the row never hides a case that would have run."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_case
+
+    from rlkit.errors import UserError
+    from rlkit.recipe import validate
+    from rlkit.train import _check_machine
+    from rlkit.trainers import trainer_config
+
+    case = "grpo-hf-qlora-nf4-vllm"
+    assert gpu_case.CASES[case] == ("grpo", "hf", True, True) and "trl#4973" in gpu_case.REFUSED[case]
+    recipe = validate(gpu_case.recipe(case, tiny_model_dir), source="test")
+    with pytest.raises(UserError, match="trl#4973"):
+        _check_machine(recipe, trainer_config(recipe, output_dir="/tmp/x"), "hf", cuda=True)
+
+
+@pytest.mark.parametrize("task", ["arith", "search"])
+def test_the_gpu_smol_overrides_are_valid_recipe_settings_for_both_stages(task):
+    """A typo in bench/gpu_smol.py's overrides would fail on the GPU machine, after the device time is spent."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_smol
+
+    from rlkit.demos import arith, search
+    from rlkit.recipe import load_recipe, recipes_dir
+
+    sft, grpo = (arith.SFT, arith.RECIPE) if task == "arith" else (search.SFT, search.GRPO)
+    both, grpo_only = gpu_smol.overrides(task, gpu_smol.STEPS[task], smoke=False)
+    trained = load_recipe(recipes_dir() / grpo, both + grpo_only)
+    assert trained.trainer["use_vllm"] is True and trained.trainer["vllm_mode"] == "colocate"
+    assert trained.trainer["max_steps"] == gpu_smol.STEPS[task] >= 100 and trained.trainer["cache_implementation"] is None
+    assert trained.model.attn_implementation == "sdpa" and trained.model.dtype == "bfloat16"
+    if task == "search":
+        assert trained.eval.agent_every == gpu_smol.STEPS[task] // 10
+    warmup = load_recipe(recipes_dir() / sft, both)
+    assert warmup.model.attn_implementation == "sdpa" and warmup.algorithm == "sft"
+    smoke_both, smoke_grpo = gpu_smol.overrides(task, 2, smoke=True)
+    assert not any("vllm" in o for o in smoke_both + smoke_grpo)

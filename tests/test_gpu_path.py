@@ -119,7 +119,7 @@ def test_device_map_puts_16bit_inference_models_on_the_gpu():
 # --- 3. torch is a range in the base dependencies; make install keeps a user's torch ---------------------
 
 
-def test_torch_is_a_range_in_the_base_dependencies_and_pinned_only_in_the_gpu_extra():
+def test_torch_is_a_range_in_the_base_dependencies_and_the_gpu_extra_leaves_it_to_vllm():
     import tomllib
     from packaging.requirements import Requirement
 
@@ -130,7 +130,7 @@ def test_torch_is_a_range_in_the_base_dependencies_and_pinned_only_in_the_gpu_ex
                                                                       "2.15.0") if v in torch_req.specifier}
     assert "2.15.0" not in torch_req.specifier and "2.5.1" not in torch_req.specifier
     gpu = [Requirement(r) for r in project["optional-dependencies"]["gpu"]]
-    assert str(next(r for r in gpu if r.name == "torch").specifier) == "==2.13.0"
+    assert "torch" not in {r.name for r in gpu}  # vLLM pins its own torch (tests/test_stack_range.py)
 
 
 def test_make_install_puts_an_explicit_torch_in_first_only_where_none_is_installed(tmp_path):

@@ -2,6 +2,7 @@
 which TRL 1.13 deleted, says so in one line where it is missing (issue 26)."""
 
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -111,3 +112,86 @@ def test_make_install_installs_the_tested_stack_which_the_ranges_admit():
         if dep.name.lower() in pins:
             assert dep.specifier.contains(pins[dep.name.lower()]), (dep, pins[dep.name.lower()])
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+# --- the `gpu` extra: vLLM 0.26 for a CUDA torch 2.11, 0.27.1 for 2.13 (issue 47) ---------------------------------
+
+# What each release requires of the packages the `gpu` extra's choice turns on, copied from its wheel's METADATA
+# (Requires-Dist; `pip install --dry-run --no-deps --report` reads it without downloading the wheel), 2026-11-27.
+GPU_RELEASES = {
+    ("torch", "2.11.0"): [], ("torch", "2.12.0"): [], ("torch", "2.13.0"): [],
+    ("vllm", "0.25.1"): ["torch==2.11.0"],
+    ("vllm", "0.26.0"): ["torch==2.11.0", "transformers>=5.5.3"],
+    ("vllm", "0.27.0"): ["torch==2.13.0", "transformers>=5.5.3"],
+    ("vllm", "0.27.1"): ["torch==2.13.0", "transformers>=5.5.3"],
+    ("vllm", "0.28.0"): ["torch==2.13.0", "transformers>=5.5.3"],
+    ("unsloth", "2026.10.9"): ["unsloth_zoo>=2026.10.9", "torch<2.15.0,>=2.4.0", "trl!=0.19.0,<=1.15.0,>=0.18.2",
+                               "transformers<=5.17.0,>=4.52.4"],
+    ("unsloth_zoo", "2026.10.9"): ["torch<2.15.0,>=2.4.0", "trl!=0.19.0,<=1.15.0,>=0.18.2",
+                                   "transformers<=5.17.0,>=4.52.4"],
+    ("trl", "1.12.0"): [], ("transformers", "5.17.0"): [],
+}
+
+
+def gpu_extra() -> list[Requirement]:
+    return [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["gpu"]]
+
+
+def test_the_gpu_extra_admits_the_vllm_built_for_torch_2_11_and_for_2_13_and_each_fits_the_rest():
+    vllm = next(r for r in gpu_extra() if r.name == "vllm")
+    ends = {"0.26.0": "2.11.0", "0.27.1": "2.13.0"}  # vLLM -> the torch its wheel pins
+    assert [v in vllm.specifier for v in ("0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0")] == \
+        [False, True, True, True, False]
+    assert "torch" not in {r.name for r in gpu_extra()}  # vLLM's own pin decides, so a user's torch can stay
+    torch = requirement("torch")
+    unsloth_torch = Requirement(GPU_RELEASES[("unsloth", "2026.10.9")][1]).specifier
+    for release, torch_version in ends.items():
+        pins = [Requirement(r) for r in GPU_RELEASES[("vllm", release)]]
+        assert next(r for r in pins if r.name == "torch").specifier == Requirement(f"torch=={torch_version}").specifier
+        assert torch_version in torch.specifier and torch_version in unsloth_torch
+        vllm_transformers = next(r for r in pins if r.name == "transformers").specifier
+        assert all(v in vllm_transformers for v in ("5.5.3", "5.17.0"))  # both ends of rlkit's transformers range
+    # TRL 1.12 accepts vLLM 0.19.0-0.27.1 (its `vllm` extra, and trl/import_utils.py warns outside it).
+    if version("trl") == "1.12.0":
+        from importlib.metadata import requires
+
+        trl_vllm = next(Requirement(r) for r in requires("trl") if r.startswith("vllm"))
+        assert all(v in trl_vllm.specifier for v in ends) and "0.28.0" not in trl_vllm.specifier
+
+
+def fake_wheel(directory: Path, name: str, release: str, requires: list[str]) -> None:
+    import zipfile
+
+    dist = f"{name}-{release}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {release}\n" + "".join(f"Requires-Dist: {r}\n"
+                                                                                  for r in requires)
+    with zipfile.ZipFile(directory / f"{name}-{release}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{dist}/METADATA", meta)
+        z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{dist}/RECORD", "")
+
+
+@pytest.mark.parametrize(("torch_pin", "vllm_release"), [("2.11.0", "0.26.0"), ("2.13.0", "0.27.1"), (None, "0.27.1"),
+                                                        ("2.12.0", None)])
+def test_pip_picks_the_vllm_built_for_the_torch_the_user_keeps(tmp_path, torch_pin, vllm_release):
+    """pip's own resolver on the `gpu` extra against an index of stand-in wheels that carry the real releases'
+    requirements: naming the torch there is (`pip install 'rlkit[gpu]' torch==X`) keeps it and brings the vLLM built
+    for it; without a name pip takes the newest vLLM and its torch; a torch no vLLM in the range is built for fails
+    to resolve (it is never swapped silently)."""
+    for (name, release), requires in GPU_RELEASES.items():
+        fake_wheel(tmp_path, name, release, requires)
+    report = tmp_path / "report.json"
+    reqs = [str(r) for r in gpu_extra()] + [str(requirement(n)) for n in ("trl", "transformers")]
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index",
+                           "--find-links", str(tmp_path), "--quiet", "--report", str(report), *reqs,
+                           *([f"torch=={torch_pin}"] if torch_pin else [])], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "PIP_CONSTRAINT": "", "PIP_FIND_LINKS": "",
+                                            "PIP_EXTRA_INDEX_URL": ""})
+    if vllm_release is None:
+        assert proc.returncode != 0 and "ResolutionImpossible" in proc.stderr + proc.stdout
+        return
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    chosen = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert chosen["vllm"] == vllm_release and chosen["torch"] == (torch_pin or "2.13.0")
+    assert chosen["unsloth"] == "2026.10.9" and chosen["trl"] == "1.12.0"

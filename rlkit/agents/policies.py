@@ -47,25 +47,35 @@ def endpoint_policy(endpoint: str, *, api_key: str | None, served_model: str | N
     return policy, policy.preflight()
 
 
-def vllm_policy(recipe: Recipe, run_dir: Path | None, model: str | None, *, max_new_tokens: int,
-                temperature: float) -> tuple[Any, str]:
-    """vLLM on this GPU: a base or merged model, or the base the run recorded with the adapter as a LoRA."""
-    from rlkit.agents.vllm import VLLMPolicy
-    from rlkit.backends import cuda_available, hf
+def vllm_setup(recipe: Recipe, run_dir: Path | None, model: str | None) -> tuple[dict[str, Any], Any, str]:
+    """(``engine`` kwargs, tokenizer, label) for vLLM on this GPU: a base or merged model, or the base the run
+    recorded with the adapter as a LoRA, in the dtype the hf backend loads it in. The label says vLLM, so its
+    results never replace the hf backend's."""
+    from rlkit.agents.vllm import require_vllm
+    from rlkit.backends import hf
     from rlkit.inference.reference import model_ref
     from rlkit.tiny import resolve_model_id
 
-    if not cuda_available():
-        raise UserError("--backend vllm needs a CUDA GPU and this machine has none; use --backend hf")
+    require_vllm()
     ref = model_ref(recipe, run_dir, model)
     base = ref.spec.name_or_path if ref.plain else resolve_model_id(ref.spec.name_or_path)
     tokenizer = hf.load_tokenizer(str(ref.adapter) if ref.adapter else base)
     # A QLoRA adapter is served on a bitsandbytes 4-bit base, as it was trained (vLLM quantizes a 16-bit
     # checkpoint itself and reads a pre-quantized one's config).
     four_bit = ref.spec.load_in_4bit or ref.quantization is not None
-    policy = VLLMPolicy(base, tokenizer, adapter=str(ref.adapter) if ref.adapter else None,
-                        max_lora_rank=recipe.lora.r if recipe.lora else 16,
-                        chat_template_kwargs=recipe.model.chat_template_kwargs, max_new_tokens=max_new_tokens,
-                        temperature=temperature, max_model_len=recipe.model.max_seq_length,
-                        quantization="bitsandbytes" if four_bit else None)
-    return policy, str(ref.adapter or base)
+    kwargs = {"model_path": base, "adapter": str(ref.adapter) if ref.adapter else None,
+              "max_lora_rank": recipe.lora.r if recipe.lora else 16, "max_model_len": recipe.model.max_seq_length,
+              "quantization": "bitsandbytes" if four_bit else None, "dtype": hf.torch_dtype(ref.spec.dtype)}
+    return kwargs, tokenizer, f"{ref.label}@vllm"
+
+
+def vllm_policy(recipe: Recipe, run_dir: Path | None, model: str | None, *, max_new_tokens: int,
+                temperature: float) -> tuple[Any, str]:
+    """vLLM on this GPU as the agent's policy."""
+    from rlkit.agents.vllm import VLLMPolicy
+
+    kwargs, tokenizer, label = vllm_setup(recipe, run_dir, model)
+    base = kwargs.pop("model_path")
+    policy = VLLMPolicy(base, tokenizer, chat_template_kwargs=recipe.model.chat_template_kwargs,
+                        max_new_tokens=max_new_tokens, temperature=temperature, **kwargs)
+    return policy, label

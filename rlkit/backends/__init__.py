@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Any
 
 from rlkit import compat
@@ -72,6 +73,26 @@ def prepare_unsloth_env() -> None:
     compat.keep_unsloth_compiled_cache_in(cache_dir() / "unsloth_compiled_cache")
 
 
+# vLLM's switch for FlashInfer's top-k/top-p sampler (vllm/envs.py, 0.26-0.31: on unless set to 0).
+FLASHINFER_SAMPLER = "VLLM_USE_FLASHINFER_SAMPLER"
+
+
+def prepare_vllm_env() -> None:
+    """Settings vLLM reads when it builds an engine (TRL's colocated one, Unsloth's, rlkit's eval and rollouts).
+
+    On CUDA, vLLM samples with FlashInfer unless ``VLLM_USE_FLASHINFER_SAMPLER=0``, and to check the GPU it imports
+    ``vllm.v1.attention.backends.flashinfer``, which imports ``flashinfer`` (vllm/v1/sample/ops/topk_topp_sampler.py,
+    0.26.0): without the ``flashinfer-python`` package (a vLLM carried without it, bench/gpu_carry.py) the engine
+    fails to start. There rlkit switches that sampler off (vLLM then samples with its own PyTorch/Triton code;
+    greedy decoding is unchanged) and says so once. A value the user set wins.
+    """
+    if FLASHINFER_SAMPLER in os.environ or importlib.util.find_spec("flashinfer") is not None:
+        return
+    os.environ[FLASHINFER_SAMPLER] = "0"  # set once: a later call finds it and says nothing
+    log.info("vLLM: flashinfer is not installed, so %s=0 (vLLM's own sampler instead of FlashInfer's)",
+             FLASHINFER_SAMPLER)
+
+
 def backend_request(recipe: Recipe) -> str:
     """The backend to ask :func:`choose` for: the recipe's, except that reward and PPO runs always use hf.
 
@@ -101,6 +122,8 @@ def load(recipe: Recipe, *, use_vllm: bool = False, seed: int = 0, head: str = "
     with the recipe), and ``peft_config`` is None.
     """
     backend = choose(backend_request(recipe))
+    if use_vllm:
+        prepare_vllm_env()
     if backend == "unsloth":
         from rlkit.backends import unsloth
 

@@ -33,6 +33,8 @@ def eval_(
     no_base: bool = typer.Option(False, "--no-base", help="With --suite/--ifeval: skip the base model."),
     samples: int = typer.Option(None, "--samples", help="Also K samples per problem: pass@1, pass@K, avg@K, maj@K."),
     temperature: float = typer.Option(None, "--temperature", help="Sampling temperature for --samples (default 1)."),
+    backend: str = typer.Option("hf", "--backend", help="Local generation: hf (batched transformers) or vllm (vLLM's "
+                                "engine on this GPU, the adapter as a LoRA)."),
 ) -> None:
     """Greedy pass@1 accuracy on the recipe's eval split (on every set of a --suite; --samples K: sampled metrics;
     --ifeval FILE: IFEval prompt/instruction accuracy, strict and loose)."""
@@ -42,6 +44,9 @@ def eval_(
         raise UserError("--served-model/--api-key reach a model at an endpoint: give its URL as TARGET, --model or "
                         "--base (http://host:8000/v1), or drop them")
     served = Served(api_key=api_key, served_model=served_model)
+    if backend != "hf" and (ifeval is not None or suite is not None):
+        raise UserError("--backend vllm evaluates one eval split (plain or agent); drop --suite/--ifeval, or "
+                        "--backend")
     if ifeval is not None:
         from rlkit.evaluate.ifeval import run_ifeval
         from rlkit.evaluate.show import print_ifeval
@@ -67,4 +72,4 @@ def eval_(
     from rlkit.evaluate.show import print_eval
 
     print_eval(evaluate(target, model, limit=limit, smoke=smoke, out=out, overrides=set_ or [], resume=resume,
-                        samples=samples, temperature=temperature, served=served))
+                        samples=samples, temperature=temperature, served=served, backend=backend))

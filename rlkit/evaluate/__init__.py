@@ -40,6 +40,7 @@ def evaluate(
     samples: int | None = None,
     temperature: float | None = None,
     served: Served | None = None,
+    backend: str = "hf",
 ) -> dict[str, Any]:
     """Evaluate and write a results JSON; returns the results (``accuracy``, ``examples``, ...).
 
@@ -48,24 +49,30 @@ def evaluate(
 
     Each example (each trajectory, for an agent) is appended to a JSONL file next to the results as it
     finishes; ``resume`` continues after the ones a killed eval wrote. ``samples`` K adds pass@k, avg@k
-    and maj@k from K samples per problem at ``temperature`` (:mod:`rlkit.evaluate.sampled`).
+    and maj@k from K samples per problem at ``temperature`` (:mod:`rlkit.evaluate.sampled`). ``backend`` ``vllm``
+    generates greedily with vLLM's engine on this GPU instead of batched transformers (``hf``).
     """
     check_samples(samples, temperature)
+    check_backend(backend, model, samples)
     sampling = {"samples": samples, "temperature": temperature if temperature is not None else 1.0}
     if out is not None:  # before any model loads: never a results file rlkit did not write
         safety.check_target(out, "--out")
         if Path(out).exists():
             safety.check_replaceable_file(out, "--out", ("recipe", "model"))
     recipe, run_dir = resolve_target(target, overrides, smoke)
-    endpoint_of(recipe, run_dir, model)  # an endpoint beside a run directory fails before any data loads
+    if endpoint_of(recipe, run_dir, model) and backend != "hf":  # (an endpoint beside a run dir fails in there)
+        raise UserError(f"{target}: its model is served at an endpoint, which generates on its server; drop "
+                        "--backend vllm")
     if recipe.data.eval is None:
         raise UserError(f"{target}: the recipe has no `data.eval` split to evaluate on")
     if recipe.env is not None:
         return evaluate_agent(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress,
-                              resume=resume, served=served, **sampling)
+                              resume=resume, served=served, backend=backend, **sampling)
     if recipe.algorithm == "reward":
         if is_endpoint(model):
             raise UserError(f"--model {model}: a reward model scores pairs locally; give its run or adapter")
+        if backend != "hf":
+            raise UserError(f"{target}: a reward model scores pairs, it generates nothing; drop --backend vllm")
         if samples:
             raise UserError(f"{target}: --samples does not apply to a reward model (it scores pairs, not samples)")
         return evaluate_reward_model(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress)
@@ -74,13 +81,27 @@ def evaluate(
     if not isinstance(get_task(recipe.data.task), Scored):
         raise UserError(f"{target}: task {recipe.data.task!r} has no answer to check, so no accuracy")
     return evaluate_task(recipe, run_dir, model, limit=limit, out=out, show_progress=show_progress, resume=resume,
-                         served=served, **sampling)
+                         served=served, backend=backend, **sampling)
+
+
+def check_backend(backend: str, model: str | None, samples: int | None) -> None:
+    """``--backend`` hf or vllm; vLLM here needs vLLM and a GPU, said in one line before anything loads."""
+    if backend not in ("hf", "vllm"):
+        raise UserError(f"--backend {backend!r}: use hf or vllm")
+    if backend == "vllm":
+        if is_endpoint(model):
+            raise UserError(f"--model {model}: an endpoint generates on its server; drop --backend vllm")
+        if samples:
+            raise UserError("--samples samples with the hf backend; drop --backend vllm or --samples")
+        from rlkit.agents.vllm import require_vllm
+
+        require_vllm()
 
 
 def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
                   out: str | Path | None, show_progress: bool = True, resume: bool = False,
                   samples: int | None = None, temperature: float = 1.0,
-                  served: Served | None = None) -> dict[str, Any]:
+                  served: Served | None = None, backend: str = "hf") -> dict[str, Any]:
     """Accuracy of greedy completions, checked by the task's answer rule; the examples in row order."""
     from rlkit.data import get_task, load_rows, task_rows
 
@@ -91,7 +112,8 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
     if samples and endpoint_of(recipe, run_dir, model):
         raise UserError(f"--model {model}: --samples needs the model here (it samples in batches of its own); "
                         "drop --samples for an endpoint")
-    subject = completer(recipe, run_dir, model, max_new_tokens=recipe.eval.max_new_tokens, served=served)
+    subject = completer(recipe, run_dir, model, max_new_tokens=recipe.eval.max_new_tokens, served=served,
+                        backend=backend)
     label = subject.label
     from rlkit.rewards.math import extract_answer
     from rlkit.rewards.text import degenerate

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, limit: int | None,
                    out: str | Path | None, show_progress: bool = True, resume: bool = False,
                    samples: int | None = None, temperature: float = 1.0,
-                   served: Served | None = None) -> dict[str, Any]:
+                   served: Served | None = None, backend: str = "hf") -> dict[str, Any]:
     """Accuracy, EM, F1 and evidence recall, overall and per question type; the results JSON's path."""
     from rlkit.analyze import analyze
     from rlkit.data import env_factory
@@ -29,7 +29,8 @@ def evaluate_agent(recipe: Recipe, run_dir: Path | None, model: str | None, *, l
     rows, make_env = episode_rows(recipe, "eval", limit), env_factory(recipe)
     url, served = endpoint_of(recipe, run_dir, model), served or Served()
     policy, label = make_policy(recipe, run_dir, model=None if url else model, endpoint=url, api_key=served.api_key,
-                                served_model=served.served_model, timeout=served.timeout, retries=served.retries)
+                                served_model=served.served_model, timeout=served.timeout, retries=served.retries,
+                                backend=backend)
     started = time.time()
     results_path = Path(out) if out else default_out(recipe.name, run_dir, label)
     with safety.hold(results_path), journal(results_path, ".trajectories.jsonl", resume, TRAJECTORY_KEYS) as sink:

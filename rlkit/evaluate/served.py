@@ -63,10 +63,19 @@ class Completer:
 
 
 def completer(recipe: Recipe, run_dir: Path | None, model: str | None, *, max_new_tokens: int,
-              served: Served | None = None) -> Completer:
+              served: Served | None = None, backend: str = "hf") -> Completer:
     url = endpoint_of(recipe, run_dir, model)
     if url is not None:
         return _endpoint_completer(url, served or Served(), max_new_tokens)
+    if backend == "vllm":
+        from rlkit.agents.policies import vllm_setup
+        from rlkit.agents.vllm import VLLMCompleter, engine
+
+        kwargs, tokenizer, label = vllm_setup(recipe, run_dir, model)
+        llm, lora = engine(**kwargs)
+        subject = VLLMCompleter(llm, lora, tokenizer, chat_template_kwargs=recipe.model.chat_template_kwargs,
+                                max_new_tokens=max_new_tokens)
+        return Completer(subject.complete, label)
     from rlkit.inference.generate import generate
     from rlkit.inference.load import load_for_generation
 
