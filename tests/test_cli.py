@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,9 +98,16 @@ def test_recipes_validate_reports_each_bad_file(tmp_path):
 @pytest.mark.slow
 @pytest.mark.trains
 def test_smoke_train_then_eval_through_the_console_script(tmp_path):
-    res = rlkit("train", recipes_dir() / "gsm8k_sft.yaml", "--smoke", cwd=tmp_path)
+    run_dir = tmp_path / "run"
+    res = rlkit("train", recipes_dir() / "gsm8k_sft.yaml", "--smoke", "--output-dir", run_dir, cwd=tmp_path,
+                env={"RLKIT_LOG_LEVEL": "INFO"})
     assert res.returncode == 0, res.stderr
-    run_dir = tmp_path / "runs" / "gsm8k_sft-smoke"
+    # rlkit's own lines come first; no third-party advice that does not apply (bitsandbytes' `pip install kernels`,
+    # logged on CPUs with AVX512-BF16 as peft imports it: rlkit.compat.quiet_bnb_kernels_hint)
+    lines = res.stderr.splitlines()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d INFO smoke: model\.name_or_path: 'Qwen/Qwen3-1\.7B' -> 'rlkit/tiny-qwen3'",
+                        lines[0]), lines[:3]
+    assert not [line for line in lines if "kernels-community" in line or "pip install kernels" in line]
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
     res = rlkit("eval", run_dir, "--limit", "5", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
