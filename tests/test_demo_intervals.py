@@ -240,9 +240,10 @@ def test_call_fresh_passes_a_signal_to_the_stage_once_and_waits_for_its_answer(t
     if signum == signal.SIGINT:
         with pytest.raises(KeyboardInterrupt):
             demo_stages.call_fresh(eval, work)
-    else:
-        with pytest.raises(RuntimeError, match=f"exit code -{signal.SIGTERM} and no result"):
+    else:  # it died of the signal passed on: Stopped, which the stage's timer turns into one line
+        with pytest.raises(demo_stages.Stopped) as stopped:
             demo_stages.call_fresh(eval, work)
+        assert (stopped.value.signum, stopped.value.sent) == (signal.SIGTERM, True)
     assert time.time() - started < 50  # it did not sleep its minute out
     assert int(ready.read_text()) != os.getpgrp()  # a process group of its own
     assert signal.getsignal(signum) is previous  # the handler is gone again

@@ -26,24 +26,28 @@ def demo(
     """Offline demo: SmolLM2-135M-Instruct evaluated, fine-tuned (SFT), trained with GRPO on a CPU, evaluated after
     each stage on sets outside its training box.
 
-    Each --set applies to both the SFT and the GRPO recipe (and to every eval).
+    Each --set applies to both the SFT and the GRPO recipe (and to every eval). Stopped (Ctrl-C, SIGTERM) in any
+    stage, it says which in one line and exits 130 or 143; a training stage also says how to resume.
     """
+    from rlkit.demos.stages import stops_named
+
     picked = [flag for flag, on in (("--tiny", tiny), ("--calc", calc), ("--search", search)) if on]
     if len(picked) > 1:
         raise UserError(f"{' and '.join(picked)} name different demos: pick one")
-    if tiny:
-        from rlkit.demos.tiny import run_demo as run_tiny_demo
+    with stops_named("demo"):  # a signal between two stages (each stage names itself)
+        if tiny:
+            from rlkit.demos.tiny import run_demo as run_tiny_demo
 
-        run_tiny_demo(output_dir or Path("runs/demo-tiny"))
-    elif calc:
-        from rlkit.demos.calc import run_calc_demo
+            run_tiny_demo(output_dir or Path("runs/demo-tiny"))
+        elif calc:
+            from rlkit.demos.calc import run_calc_demo
 
-        run_calc_demo(output_dir or Path("runs/demo-calc"), set_ or [])
-    elif search:
-        from rlkit.demos.search import run_search_demo
+            run_calc_demo(output_dir or Path("runs/demo-calc"), set_ or [])
+        elif search:
+            from rlkit.demos.search import run_search_demo
 
-        run_search_demo(output_dir or Path("runs/demo-search"), set_ or [])
-    else:
-        from rlkit.demos.arith import run_demo
+            run_search_demo(output_dir or Path("runs/demo-search"), set_ or [])
+        else:
+            from rlkit.demos.arith import run_demo
 
-        run_demo(output_dir or Path("runs/demo"), gsm8k_test, set_ or [])
+            run_demo(output_dir or Path("runs/demo"), gsm8k_test, set_ or [])
