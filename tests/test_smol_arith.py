@@ -14,6 +14,8 @@ from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
 from rlkit.stats import wilson
 
+from .conftest import SHARED_DATA
+
 
 def _words(rows) -> set[str]:
     return {w.lower() for q in rows["question"] for w in re.findall(r"[A-Za-z]+", q)}
@@ -104,15 +106,18 @@ def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path)
     """The real demo's wiring, on the tiny model with one SFT and one GRPO step (the numbers are `make demo`'s
     job): base, SFT and GRPO on every set, the paired gains, GRPO continuing from the SFT adapter."""
     from rlkit.demos.arith import run_demo
-    from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
 
-    gsm = tmp_path / "test.jsonl"
+    data = tmp_path / "data"  # the demo's data folder: a small GSM8K test file, and IFEval's prompts when here
+    (data / "gsm8k").mkdir(parents=True)
+    if (SHARED_DATA / "ifeval").is_dir():
+        (data / "ifeval").symlink_to(SHARED_DATA / "ifeval")
+    gsm = data / "gsm8k" / "test.jsonl"
     gsm.write_text("".join(json.dumps({"question": f"{i} plus {i}?", "answer": f"a\nb\n#### {2 * i}"}) + "\n"
                            for i in range(5)))
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
             "trainer.max_steps=1", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
     grpo = ["trainer.num_generations=2", "trainer.per_device_train_batch_size=4", "trainer.max_completion_length=8"]
-    summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3, grpo_overrides=grpo)
+    summary = run_demo(tmp_path / "demo", data, tiny, limit=3, grpo_overrides=grpo)
     slugs = [slug for _, slug, _ in eval_sets(gsm)]
     assert [r["n"] for r in summary["rows"]] == [3] * len(slugs)
     for r in summary["rows"]:
@@ -123,7 +128,7 @@ def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path)
             gain = r[key]  # paired on the same problems: exact McNemar for right/wrong
             assert gain["test"] == "mcnemar" and gain["diff"] == pytest.approx(r[after] - r[before])
             assert gain["low"] <= gain["diff"] <= gain["high"] and 0 <= gain["p"] <= 1
-    ifeval = IFEVAL_PROMPTS.is_file()
+    ifeval = (data / "ifeval" / "input_data.jsonl").is_file()
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
                                                        "SFT eval", "GRPO training", "GRPO eval",
                                                        *(["IFEval check"] if ifeval else [])]

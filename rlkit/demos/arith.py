@@ -5,7 +5,8 @@ fine-tuned on worked answers in three prompt forms (``smol_arith_sft``), trained
 (``smol_arith_grpo``) and evaluated after each stage on the sets of the ``arith`` eval suite
 (``recipes/suites/arith.yaml``: other number ranges, operations, a wording family training never saw, prompts with
 and without worked turns and system line) and on the easiest real GSM8K test items (fewest solution steps, then
-shortest question) when the GSM8K test file is present; all greedy with the same answer extraction.
+shortest question) when GSM8K's test set can be had (a data folder or the Hub: :func:`rlkit.data.sources.public_sets`);
+all greedy with the same answer extraction.
 
 Every stage goes through ``rlkit train`` / ``rlkit eval``'s code. Each stage is timed and the load
 average is recorded, because on a shared machine the times say as much about the neighbours as
@@ -25,7 +26,6 @@ from rlkit.recipe import recipes_dir
 SFT = "smol_arith_sft.yaml"
 RECIPE = "smol_arith_grpo.yaml"
 SUITE = "arith"  # recipes/suites/arith.yaml: the sets the demo reports
-GSM8K_TEST = Path("../shared/data/gsm8k/test.jsonl")
 GSM8K_EASIEST = 100
 
 
@@ -65,14 +65,16 @@ def format_share(results: dict[str, Any]) -> float:
     return sum(s == 1.0 for s in scores) / len(scores)
 
 
-def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None,
+def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str] | None = None,
              limit: int | None = None, grpo_overrides: list[str] | None = None) -> dict:
     """Base, SFT and SFT + GRPO, each evaluated on every set (its first ``limit`` problems); returns the summary
-    also written to ``output_dir/demo.json``. ``overrides`` apply to both recipes and every eval,
-    ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's)."""
+    also written to ``output_dir/demo.json``. ``data_dir``: a folder holding GSM8K's and IFEval's files
+    (:func:`rlkit.data.sources.public_sets`). ``overrides`` apply to both recipes and every eval, ``grpo_overrides``
+    to GRPO training only (its trainer keys are not SFT's)."""
     from rich.console import Console
     from rich.table import Table
 
+    from rlkit.data.sources import public_sets
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.results import gain
     from rlkit.recipe import load_recipe
@@ -87,11 +89,10 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     output_dir = prepare(Path(output_dir), [(sft_recipe, overrides),
                                             (recipe, overrides + list(grpo_overrides or []))])
     sft_dir, run_dir = output_dir / "sft", output_dir / "grpo"
-    gsm8k_file = None
-    if gsm8k_test is not None and Path(gsm8k_test).is_file():
-        gsm8k_file = easiest_gsm8k(Path(gsm8k_test), output_dir / "gsm8k_easiest.jsonl")
-    elif gsm8k_test is not None:
-        console.print(f"[yellow]{gsm8k_test} not found: the GSM8K row is skipped[/]")
+    found = public_sets({"gsm8k": f"the gsm8k-easiest{GSM8K_EASIEST} row", "ifeval": "the IFEval check"}, data_dir,
+                        output_dir / "data")
+    gsm8k_file = easiest_gsm8k(found["gsm8k"] / "test.jsonl", output_dir / "gsm8k_easiest.jsonl") \
+        if found["gsm8k"] else None
     sets = eval_sets(gsm8k_file)
     stages = Stages(console)
     timed = stages.run
@@ -123,7 +124,7 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     # The GRPO run's report.md then holds every stage's accuracies side by side, next to the reward curves.
     copy_evals(output_dir / "eval", run_dir)
     ifeval_check(stages, recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(run_dir))],
-                 run_dir / "eval" / "ifeval", limit=limit)
+                 run_dir / "eval" / "ifeval", limit=limit, prompts=found["ifeval"])
     write_report(run_dir)
 
     rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "sft": s["accuracy"], "grpo": g["accuracy"],
