@@ -72,11 +72,11 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
     (:func:`rlkit.data.sources.public_sets`). ``overrides`` apply to both recipes and every eval, ``grpo_overrides``
     to GRPO training only (its trainer keys are not SFT's)."""
     from rich.console import Console
-    from rich.table import Table
 
     from rlkit.data.sources import public_sets
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.results import gain
+    from rlkit.evaluate.show import results_table
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
     from rlkit.stats import show_accuracy, show_diff
@@ -133,15 +133,15 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
              "grpo_minus_base": gain(b["results"], g["results"]),
              "base_format": b["format"], "sft_format": s["format"], "grpo_format": g["format"]}
             for (label, _, _), b, s, g in zip(sets, base, sft, grpo, strict=True)]
-    table = Table(title="rlkit demo: SmolLM2-135M-Instruct, base -> SFT -> GRPO (greedy accuracy [95% Wilson "
-                        "interval]; format = ends with #### N)", caption=GAIN_CAPTION)
-    for col in ("eval set", "n", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "GRPO - base",
-                "format base -> SFT -> GRPO"):
-        table.add_column(col, justify="left" if col == "eval set" else "right")
-    for r in rows:
-        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[k], r["n"], r[f"{k}_interval"])
-                                              for k in ("base", "sft", "grpo")),
-                      *(show_diff(r[k]) for k in ("sft_minus_base", "grpo_minus_sft", "grpo_minus_base")),
-                      f"{r['base_format']:.2f} -> {r['sft_format']:.2f} -> {r['grpo_format']:.2f}")
-    console.print(table)
+    stages.show(results_table(
+        "rlkit demo: SmolLM2-135M-Instruct, base -> SFT -> GRPO (greedy accuracy [95% Wilson interval]; "
+        "format = ends with #### N)",
+        [{"eval set": r["set"], "n": str(r["n"]),
+          **{column: show_accuracy(r[k], r["n"], r[f"{k}_interval"])
+             for column, k in (("base", "base"), ("after SFT", "sft"), ("after GRPO", "grpo"))},
+          **{column: show_diff(r[k]) for column, k in (("SFT - base", "sft_minus_base"),
+                                                       ("GRPO - SFT", "grpo_minus_sft"),
+                                                       ("GRPO - base", "grpo_minus_base"))},
+          "format base -> SFT -> GRPO": f"{r['base_format']:.2f} -> {r['sft_format']:.2f} -> {r['grpo_format']:.2f}"}
+         for r in rows], caption=GAIN_CAPTION))
     return stages.finish(rows, output_dir)

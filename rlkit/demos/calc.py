@@ -41,11 +41,11 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None, grpo_ove
     ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's); ``data_dir``: a folder holding IFEval's
     prompts (:func:`rlkit.data.sources.public_sets`)."""
     from rich.console import Console
-    from rich.table import Table
 
     from rlkit.data.sources import public_sets
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.results import gain
+    from rlkit.evaluate.show import results_table
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
     from rlkit.stats import show_accuracy, show_diff
@@ -97,16 +97,13 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None, grpo_ove
              "grpo_minus_sft": gain(s["results"], g["results"]), "grpo_minus_base": gain(b["results"], g["results"]),
              "base_tool": b["tool_share"], "sft_tool": s["tool_share"], "grpo_tool": g["tool_share"]}
             for (label, _, _), b, s, g in zip(SETS, base, sft, grpo, strict=True)]
-    table = Table(title="rlkit calculator agent: SmolLM2-135M-Instruct, base -> SFT warm-up -> GRPO "
-                        "(greedy accuracy [95% Wilson interval]; tool = episodes calling the calculator)",
-                  caption=GAIN_CAPTION)
-    for col in ("held-out set", "n", "base", "after SFT", "after GRPO", "GRPO - SFT", "GRPO - base",
-                "tool base -> SFT -> GRPO"):
-        table.add_column(col, justify="left" if col == "held-out set" else "right")
-    for r in rows:
-        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[k], r["n"], r[f"{k}_interval"])
-                                              for k in ("base", "sft", "grpo")),
-                      show_diff(r["grpo_minus_sft"]), show_diff(r["grpo_minus_base"]),
-                      f"{r['base_tool']:.2f} -> {r['sft_tool']:.2f} -> {r['grpo_tool']:.2f}")
-    console.print(table)
+    stages.show(results_table(
+        "rlkit calculator agent: SmolLM2-135M-Instruct, base -> SFT warm-up -> GRPO (greedy accuracy [95% Wilson "
+        "interval]; tool = episodes calling the calculator)",
+        [{"held-out set": r["set"], "n": str(r["n"]),
+          **{column: show_accuracy(r[k], r["n"], r[f"{k}_interval"])
+             for column, k in (("base", "base"), ("after SFT", "sft"), ("after GRPO", "grpo"))},
+          "GRPO - SFT": show_diff(r["grpo_minus_sft"]), "GRPO - base": show_diff(r["grpo_minus_base"]),
+          "tool base -> SFT -> GRPO": f"{r['base_tool']:.2f} -> {r['sft_tool']:.2f} -> {r['grpo_tool']:.2f}"}
+         for r in rows], caption=GAIN_CAPTION))
     return stages.finish(rows, output_dir)

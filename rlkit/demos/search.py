@@ -134,7 +134,8 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
                  grpo_dir / "eval" / "ifeval", limit=limit, fresh=True, prompts=found["ifeval"])
     write_report(grpo_dir)
     rows = _rows(sets, base, sft, grpo)
-    _print_tables(console, rows)
+    for table in _tables(rows):
+        stages.show(table)
     _plot(rows, output_dir / "f1_by_stage.png")
     return stages.finish(rows, output_dir)
 
@@ -213,33 +214,27 @@ def _quality(scores: dict[str, list[float]]) -> dict[str, Any]:
             "em": sum(em) / len(em), "em_interval": list(wilson(round(sum(em)), len(em)))}
 
 
-def _print_tables(console: Any, rows: list[dict[str, Any]]) -> None:
-    from rich.table import Table
-
+def _tables(rows: list[dict[str, Any]]) -> list[Any]:
+    """The closing tables (:func:`rlkit.evaluate.show.results_table`): per set, then per set and question type."""
+    from rlkit.evaluate.show import results_table
     from rlkit.stats import show_diff
 
-    table = Table(title="rlkit search agent: SmolLM2-135M-Instruct, base -> SFT on teacher trajectories -> GRPO "
-                        "(greedy; F1 [95% bootstrap interval], EM [95% Wilson interval]; searches per episode)",
-                  caption=GAIN_NOTE)
-    for col in ("set", "n", "metric", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "searches"):
-        table.add_column(col, justify="left" if col in ("set", "metric") else "right")
-    for r in rows:
-        table.add_row(r["set"], str(r["n"]), "F1", *(_show(r, k, "f1") for k in ("base", "sft", "grpo")),
-                      show_diff(r["sft_minus_base"]), show_diff(r["grpo_minus_sft"]),
-                      " -> ".join(f"{r[f'{k}_searches']:.2f}" for k in ("base", "sft", "grpo")))
-        table.add_row("", "", "EM", *(_show(r, k, "em") for k in ("base", "sft", "grpo")), "", "", "",
-                      end_section=True)
-    console.print(table)
-    kinds = Table(title="F1 [95% bootstrap interval] and EM [95% Wilson interval] per question type: "
-                        "base -> SFT -> GRPO")
-    for col in ("set", "question type", "n", "metric", "base", "after SFT", "after GRPO"):
-        kinds.add_column(col, justify="left" if col in ("set", "question type", "metric") else "right")
-    for r in rows:
-        for kind, q in r["by_type"]["base"].items():
-            for key in ("f1", "em"):
-                kinds.add_row(r["slug"], kind, str(q["n"]), key.upper(),
-                              *(_show(r["by_type"][k].get(kind), None, key) for k in ("base", "sft", "grpo")))
-    console.print(kinds)
+    stages = (("base", "base"), ("after SFT", "sft"), ("after GRPO", "grpo"))
+    sets = results_table(
+        "rlkit search agent: SmolLM2-135M-Instruct, base -> SFT on teacher trajectories -> GRPO (greedy; F1 [95% "
+        "bootstrap interval], EM [95% Wilson interval]; searches per episode)",
+        [{"set": r["set"], "n": str(r["n"]), **{f"F1 {column}": _show(r, k, "f1") for column, k in stages},
+          **{f"EM {column}": _show(r, k, "em") for column, k in stages},
+          "F1 SFT - base": show_diff(r["sft_minus_base"]), "F1 GRPO - SFT": show_diff(r["grpo_minus_sft"]),
+          "searches base -> SFT -> GRPO": " -> ".join(f"{r[f'{k}_searches']:.2f}" for _, k in stages)}
+         for r in rows], caption=GAIN_NOTE)
+    kinds = results_table(
+        "F1 [95% bootstrap interval] and EM [95% Wilson interval] per question type: base -> SFT -> GRPO",
+        [{"set: question type": f"{r['slug']}: {kind}", "n": str(q["n"]),
+          **{f"{key.upper()} {column}": _show(r["by_type"][k].get(kind), None, key)
+             for key in ("f1", "em") for column, k in stages}}
+         for r in rows for kind, q in r["by_type"]["base"].items()])
+    return [sets, kinds]
 
 
 def _show(row: dict[str, Any] | None, stage: str | None, key: str) -> str:

@@ -203,6 +203,13 @@ class Stages:
         # What a shared check (rlkit.demos.ifeval) adds: more keys for demo.json, more tables for the close.
         self.extra: dict[str, Any] = {}
         self.tables: list[Any] = []
+        self.shown: list[Any] = []  # the demo's own results tables, printed as they come (show)
+
+    def show(self, table: Any) -> None:
+        """Print a results table (:func:`rlkit.evaluate.show.results_table`: whole at any width) now; :meth:`finish`
+        writes it to ``table.md`` with the checks' tables."""
+        self.console.print(table)
+        self.shown.append(table)
 
     def run(self, name: str, work: Callable[[], Any]) -> Any:
         """``work()`` in this process, timed."""
@@ -239,9 +246,10 @@ class Stages:
         return value
 
     def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
-        """Print the time per stage, the total and the peak resident memory; write and return the summary
-        (``output_dir/demo.json``)."""
+        """Print the checks' tables, the time per stage, the total and the peak resident memory; write every results
+        table as Markdown (``output_dir/table.md``) and write and return the summary (``output_dir/demo.json``)."""
         from rlkit import safety
+        from rlkit.evaluate.show import write_markdown
 
         for table in self.tables:
             self.console.print(table)
@@ -250,8 +258,9 @@ class Stages:
         together = max([peak_rss_gb(children=False)] + [
             round(s["stage_peak_rss_gb"] + s["demo_rss_gb"], 3) for s in self.rows if "stage_peak_rss_gb" in s])
         at_once = f" (at most {_gb(together)} at once, a stage's process and the demo's)" if together > peak else ""
+        write_markdown(output_dir / "table.md", [*self.shown, *self.tables])
         self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs, peak resident memory {_gb(peak)}{at_once}; "
-                           f"the runs, evals and predictions are in {output_dir}/")
+                           f"the runs, evals and predictions are in {output_dir}/ (the tables: table.md)")
         summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
                    "cpus": os.cpu_count(), "peak_rss_gb": peak, "peak_rss_at_once_gb": max(peak, together)}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
