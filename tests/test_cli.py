@@ -103,6 +103,12 @@ def test_demo_data_folder_mistakes_are_one_line(tmp_path):
     res = rlkit("demo", "--output-dir", tmp_path / "demo", env={"RLKIT_DATA_DIR": str(tmp_path / "gone")})
     assert res.returncode == 2 and res.stderr.startswith(f"rlkit: error: RLKIT_DATA_DIR {tmp_path / 'gone'}: ")
     assert not (tmp_path / "demo").exists()
+    # offline with an empty datasets cache, --fetch-data gets nothing and says what and why
+    res = rlkit("demo", "--fetch-data", env={"HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("rlkit: error: GSM8K test (1319 problems): offline (HF_HUB_OFFLINE or "
+                                 "HF_DATASETS_OFFLINE) and not in datasets' cache; IFEval prompts (541): offline")
+    assert res.stderr.strip().endswith("(unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE)")
 
 
 @pytest.mark.slow

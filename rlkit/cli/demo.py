@@ -82,5 +82,8 @@ def _fetch(into: Path | None) -> None:
                 continue
             out.print(f"{spec.what}: {spec.upstream()}, cached" + (f", and in {where}" if into else ""))
     if failed:
-        raise UserError("; ".join(failed) + " (needs the Hub and github.com; unset HF_HUB_OFFLINE and "
-                        "HF_DATASETS_OFFLINE)")
+        import datasets
+
+        raise UserError("; ".join(failed) + (" (unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE)"
+                                             if datasets.config.HF_HUB_OFFLINE else
+                                             " (it needs huggingface.co and github.com)"))
