@@ -62,6 +62,7 @@ def test_results_table_keeps_every_cell_whole_at_80_columns_whatever_the_stages(
                            "| degenerate replies base -> SFT -> GRPO |")
     assert markdown[4].startswith("| held-out problems, training wording | 100 | 0.410 [0.319, 0.508] | 0.520 [")
     assert markdown[-1] == "gain: the paired difference; * = significant at 5%"
+    assert "│ a │ 1 │" in _render(results_table("unnamed first column", [{"": "a", "x": "1"}]))
 
 
 def _scripted_arith(right: dict[str, int], n: int = 20):

@@ -128,7 +128,7 @@ class ResultsTable:
         needed = 1 + 3 * len(self.columns)  # the borders, and a space either side of each cell
         for i, column in enumerate(self.columns):
             body = max((row[i].cell_len for row in rows), default=0)
-            needed += max(body, *(len(word) for word in column.split()))
+            needed += max([body, *(len(word) for word in column.split())])
             table.add_column(column, justify="left" if i == 0 else "right", min_width=body)
         for row in rows:
             table.add_row(*row)
