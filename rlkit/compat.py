@@ -7,6 +7,7 @@ Nothing here is imported at module level: importing ``rlkit.compat`` costs nothi
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -267,6 +268,27 @@ def disable_cpu_bf16_packing(model: Any) -> None:
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
+
+
+# bitsandbytes 0.50's CPU backend, imported by peft whether or not anything is 4-bit, looks on CPUs with AVX512-BF16
+# for the `kernels` package's Hub kernel of its fused 4-bit matmul, and when it is not installed logs a warning telling
+# the user to `pip install kernels` (bitsandbytes/backends/cpu/ops.py). That kernel serves only the packed CPU layout,
+# which rlkit turns off (above), so the advice never applies to rlkit.
+BNB_KERNELS_HINT = "Failed to load CPU gemm_4bit_forward from kernels-community"
+BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+
+
+class _NoKernelsHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(BNB_KERNELS_HINT)
+
+
+def quiet_bnb_kernels_hint() -> None:
+    """Drop that one warning, by its text, from bitsandbytes' CPU-ops logger; its other records pass. Call it before
+    bitsandbytes is imported (the CLI's logging setup does). If the text changes, the warning shows again."""
+    logger = logging.getLogger(BNB_CPU_LOGGER)
+    if not any(isinstance(f, _NoKernelsHint) for f in logger.filters):
+        logger.addFilter(_NoKernelsHint())
 
 
 # --- torch (2.13) ---------------------------------------------------------------------------------

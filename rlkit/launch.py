@@ -208,6 +208,7 @@ def setup_logging() -> None:
     """Rich log lines on a terminal; plain, unwrapped, timestamped lines in a log file or a pipe (every rlkit command,
     and each fresh process a demo runs a stage in)."""
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    from rlkit.compat import quiet_bnb_kernels_hint
     from rlkit.progress import console, interactive
     from rlkit.secrets import RedactingFilter
 
@@ -227,6 +228,7 @@ def setup_logging() -> None:
     # call's stderr, which may be closed by now.
     logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     logging.getLogger("rlkit").setLevel(os.environ.get("RLKIT_LOG_LEVEL", "INFO"))
+    quiet_bnb_kernels_hint()  # third-party advice that never applies to rlkit (rlkit.compat says why)
 
 
 def rank_info(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,12 +95,35 @@ def test_recipes_validate_reports_each_bad_file(tmp_path):
     assert "✗" in res.stdout and "algorithm: required key is missing" in res.stdout and "✓" in res.stdout
 
 
+def test_demo_data_folder_mistakes_are_one_line(tmp_path):
+    res = rlkit("demo", "--data-dir", tmp_path / "nope", "--output-dir", tmp_path / "demo")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith(f"rlkit: error: --data-dir {tmp_path / 'nope'}: no such folder; give a folder holding "
+                                 "gsm8k/test.jsonl")
+    res = rlkit("demo", "--output-dir", tmp_path / "demo", env={"RLKIT_DATA_DIR": str(tmp_path / "gone")})
+    assert res.returncode == 2 and res.stderr.startswith(f"rlkit: error: RLKIT_DATA_DIR {tmp_path / 'gone'}: ")
+    assert not (tmp_path / "demo").exists()
+    # offline with an empty datasets cache, --fetch-data gets nothing and says what and why
+    res = rlkit("demo", "--fetch-data", env={"HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("rlkit: error: GSM8K test (1319 problems): offline (HF_HUB_OFFLINE or "
+                                 "HF_DATASETS_OFFLINE) and not in datasets' cache; IFEval prompts (541): offline")
+    assert res.stderr.strip().endswith("(unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE)")
+
+
 @pytest.mark.slow
 @pytest.mark.trains
 def test_smoke_train_then_eval_through_the_console_script(tmp_path):
-    res = rlkit("train", recipes_dir() / "gsm8k_sft.yaml", "--smoke", cwd=tmp_path)
+    run_dir = tmp_path / "run"
+    res = rlkit("train", recipes_dir() / "gsm8k_sft.yaml", "--smoke", "--output-dir", run_dir, cwd=tmp_path,
+                env={"RLKIT_LOG_LEVEL": "INFO"})
     assert res.returncode == 0, res.stderr
-    run_dir = tmp_path / "runs" / "gsm8k_sft-smoke"
+    # rlkit's own lines come first; no third-party advice that does not apply (bitsandbytes' `pip install kernels`,
+    # logged on CPUs with AVX512-BF16 as peft imports it: rlkit.compat.quiet_bnb_kernels_hint)
+    lines = res.stderr.splitlines()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d INFO smoke: model\.name_or_path: 'Qwen/Qwen3-1\.7B' -> 'rlkit/tiny-qwen3'",
+                        lines[0]), lines[:3]
+    assert not [line for line in lines if "kernels-community" in line or "pip install kernels" in line]
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
     res = rlkit("eval", run_dir, "--limit", "5", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

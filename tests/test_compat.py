@@ -201,6 +201,38 @@ def test_bitsandbytes_cpu_bf16_packing_switch():
     canary(layer.support_avx512bf16_for_cpu is False, "bitsandbytes", "the switch could not be set")
 
 
+def test_bitsandbytes_kernels_hint_is_dropped_and_nothing_else():
+    """bitsandbytes' CPU backend still logs the `pip install kernels` hint by that text on that logger, and the filter
+    drops that record alone: another warning of the same logger passes. (rlkit's commands and stage processes set
+    the filter up with their logging, before bitsandbytes is imported: test_cli's smoke train reads their lines.)"""
+    import importlib.util
+    import logging
+    from pathlib import Path
+
+    source = Path(importlib.util.find_spec("bitsandbytes").submodule_search_locations[0]) / "backends/cpu/ops.py"
+    canary(compat.BNB_KERNELS_HINT in source.read_text(), "bitsandbytes",
+           f"backends/cpu/ops.py no longer logs {compat.BNB_KERNELS_HINT!r}")
+    logger = logging.getLogger(compat.BNB_CPU_LOGGER)
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        compat.quiet_bnb_kernels_hint()
+        compat.quiet_bnb_kernels_hint()  # once is enough: no second filter
+        logger.warning(compat.BNB_KERNELS_HINT + ": %s. Please make sure you already `pip install kernels`",
+                       "No module named 'kernels'")
+        logger.warning("Failed to load the CPU library: something rlkit's user should see")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["Failed to load the CPU library: something rlkit's user should see"]
+    assert sum(type(f).__name__ == "_NoKernelsHint" for f in logger.filters) == 1
+
+
 # --- torch ----------------------------------------------------------------------------------------
 
 

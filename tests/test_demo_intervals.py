@@ -55,17 +55,14 @@ def test_search_demo_rows_tables_and_plot_carry_intervals(tmp_path, monkeypatch)
     assert row["by_type"]["grpo"]["comparison"]["em_interval"] == pytest.approx(list(wilson(2, 4)))
     assert json.loads(json.dumps([row]))[0] == row  # demo.json holds the rows as they are
 
-    console = Console(file=io.StringIO(), width=400)
-    search._print_tables(console, [row])
-    lines = console.file.getvalue().splitlines()
-    (f1_line,) = [line for line in lines if "held-out" in line]
-    assert "0.650 [0.500, 0.800]" in f1_line and "0.000 [0.000, 0.000]" in f1_line and "p=" in f1_line
-    (em_line,) = [line for line in lines if "│ EM " in line and "0.300" in line and "bridge" not in line]
-    assert "0.000 [0.000, 0.278]" in em_line and "0.300 [0.108, 0.603]" in em_line and "0.600 [0.313, 0.832]" in em_line
-    (bridge_em,) = [line for line in lines if "bridge" in line and "EM" in line]
-    assert "0.500 [0.188, 0.812]" in bridge_em and "0.667 [0.300, 0.903]" in bridge_em
-    (comparison_em,) = [line for line in lines if "comparison" in line and "EM" in line]
-    assert "0.000 [0.000, 0.490]" in comparison_em and "0.500 [0.150, 0.850]" in comparison_em
+    lines = "".join(_text(table) for table in search._tables([row])).splitlines()  # wide: a row per set
+    (line,) = [line for line in lines if line.startswith("│ held-out")]
+    assert "0.650 [0.500, 0.800]" in line and "0.000 [0.000, 0.000]" in line and "p=" in line  # F1
+    assert "0.000 [0.000, 0.278]" in line and "0.300 [0.108, 0.603]" in line and "0.600 [0.313, 0.832]" in line  # EM
+    (bridge,) = [line for line in lines if "heldout: bridge" in line]
+    assert "0.500 [0.188, 0.812]" in bridge and "0.667 [0.300, 0.903]" in bridge
+    (comparison,) = [line for line in lines if "heldout: comparison" in line]
+    assert "0.000 [0.000, 0.490]" in comparison and "0.500 [0.150, 0.850]" in comparison
 
     drawn = {}
     monkeypatch.setattr("rlkit.report.charts.save", lambda fig, title, path: drawn.update(fig=fig))
@@ -240,9 +237,10 @@ def test_call_fresh_passes_a_signal_to_the_stage_once_and_waits_for_its_answer(t
     if signum == signal.SIGINT:
         with pytest.raises(KeyboardInterrupt):
             demo_stages.call_fresh(eval, work)
-    else:
-        with pytest.raises(RuntimeError, match=f"exit code -{signal.SIGTERM} and no result"):
+    else:  # it died of the signal passed on: Stopped, which the stage's timer turns into one line
+        with pytest.raises(demo_stages.Stopped) as stopped:
             demo_stages.call_fresh(eval, work)
+        assert (stopped.value.signum, stopped.value.sent) == (signal.SIGTERM, True)
     assert time.time() - started < 50  # it did not sleep its minute out
     assert int(ready.read_text()) != os.getpgrp()  # a process group of its own
     assert signal.getsignal(signum) is previous  # the handler is gone again

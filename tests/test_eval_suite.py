@@ -121,7 +121,7 @@ def test_pooled_row_joins_every_set_and_its_gain_is_paired(tmp_path, monkeypatch
     base, trained = (r["sets"] for r in summary["rows"])
     assert (base["both"]["correct"], trained["both"]["correct"], base["both"]["n"]) == (5, 9, 20)
     assert summary["gain"]["both"]["diff"] == pytest.approx(0.2) and summary["gain"]["both"]["p"] == pytest.approx(0.125)
-    assert summary["sets"][-1]["name"] == "both" and base["small"]["degenerate"] == 0.1
+    assert summary["sets"][-1]["name"] == "both" and base["small"]["degenerate"] == base["both"]["degenerate"] == 0.1
 
 
 def test_shipped_suites_load_and_their_sets_are_valid_recipe_overrides():
@@ -230,14 +230,15 @@ def test_suite_cells_carry_wilson_intervals_and_the_gain_is_paired(tmp_path, mon
     assert json.loads((tmp_path / "out" / "suite.json").read_text())["gain"]["small"]["test"] == "mcnemar"
     console = Console(file=io.StringIO(), width=240)
     console.print(suite_table(summary))
-    lines = console.file.getvalue().splitlines()
-    (base_line,) = [line for line in lines if "base: rlkit/tiny-qwen3-small" in line]
-    assert "0.200 [0.057, 0.510] (2/10)" in base_line and "0.500 [0.299, 0.701] (10/20)" in base_line
-    (trained_line,) = [line for line in lines if "trained: trained/adapter" in line]
-    assert "0.800 [0.490, 0.943] (8/10)" in trained_line and "0.550 [0.342, 0.742] (11/20)" in trained_line
-    (gain_line,) = [line for line in lines if "gain" in line and "p=" in line]
-    assert re.search(r"\+0\.600 \[\+0\.\d{3}, \+0\.\d{3}\] p=0\.031 \*", gain_line)
-    assert re.search(r"\+0\.050 \[[-+]0\.\d{3}, \+0\.\d{3}\] p=1(?! \*)", gain_line)
+    lines = console.file.getvalue().splitlines()  # a row per set: base, trained, gain
+    (header,) = [line for line in lines if "base: rlkit/tiny-qwen3-small" in line]
+    assert header.index("base: rlkit/tiny-qwen3-small") < header.index("trained: trained/adapter") < header.index("gain")
+    (small,) = [line for line in lines if line.startswith("│ small ")]
+    assert re.search(r"0\.200 \[0\.057, 0\.510\] \(2/10\)\s+│\s+0\.800 \[0\.490, 0\.943\] \(8/10\)\s+│\s+"
+                     r"\+0\.600 \[\+0\.\d{3}, \+0\.\d{3}\] p=0\.031 \*", small)
+    (products,) = [line for line in lines if line.startswith("│ products ")]
+    assert re.search(r"0\.500 \[0\.299, 0\.701\] \(10/20\)\s+│\s+0\.550 \[0\.342, 0\.742\] \(11/20\)\s+│\s+"
+                     r"\+0\.050 \[[-+]0\.\d{3}, \+0\.\d{3}\] p=1(?! \*)", products)
 
 
 @pytest.mark.slow

@@ -15,6 +15,8 @@ from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
 from rlkit.stats import wilson
 
+from .conftest import SHARED_DATA
+
 
 def _words(rows) -> set[str]:
     return {w.lower() for q in rows["question"] for w in re.findall(r"[A-Za-z]+", q)}
@@ -119,15 +121,18 @@ def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path)
     job): base, SFT, GRPO and the equal-time control on every set, the paired gains, GRPO and the control both
     continuing from the SFT adapter, the control trained no longer than GRPO."""
     from rlkit.demos.arith import run_demo
-    from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
 
-    gsm = tmp_path / "test.jsonl"
+    data = tmp_path / "data"  # the demo's data folder: a small GSM8K test file, and IFEval's prompts when here
+    (data / "gsm8k").mkdir(parents=True)
+    if (SHARED_DATA / "ifeval").is_dir():
+        (data / "ifeval").symlink_to(SHARED_DATA / "ifeval")
+    gsm = data / "gsm8k" / "test.jsonl"
     gsm.write_text("".join(json.dumps({"question": f"{i} plus {i}?", "answer": f"a\nb\n#### {2 * i}"}) + "\n"
                            for i in range(5)))
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
             "trainer.max_steps=1", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
     grpo = ["trainer.num_generations=2", "trainer.per_device_train_batch_size=4", "trainer.max_completion_length=8"]
-    summary = run_demo(tmp_path / "demo", gsm, tiny, limit=3, grpo_overrides=grpo, full=True)
+    summary = run_demo(tmp_path / "demo", data, tiny, limit=3, grpo_overrides=grpo, full=True)
     slugs = [slug for _, slug, _ in eval_sets(gsm, full=True)]
     assert [r["n"] for r in summary["rows"]] == [3] * len(slugs) + [3 * len(load_suite("robust").sets)]  # + pooled
     assert summary["rows"][-1]["set"] == "ask: all ten (pooled)"
@@ -140,7 +145,7 @@ def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path)
             assert gain["test"] == "mcnemar"
             assert gain["diff"] == pytest.approx(r[after]["accuracy"] - r[before]["accuracy"])
             assert gain["low"] <= gain["diff"] <= gain["high"] and 0 <= gain["p"] <= 1
-    ifeval = IFEVAL_PROMPTS.is_file()
+    ifeval = (data / "ifeval" / "input_data.jsonl").is_file()
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
                                                        "SFT eval", "GRPO training", "GRPO eval",
                                                        "SFT continued (control)", "control eval",

@@ -12,6 +12,8 @@ from rlkit.envs.calculator import evaluate
 from rlkit.recipe import load_recipe, recipes_dir
 from rlkit.rewards.math import gsm8k_correct
 
+from .conftest import SHARED_DATA
+
 SFT = recipes_dir() / "smol_calc_sft.yaml"
 GRPO = recipes_dir() / "smol_calc_grpo.yaml"
 
@@ -178,13 +180,13 @@ def test_one_sft_step_changes_the_lora(smollm2_dir, tmp_path):
 def test_calc_demo_runs_every_stage_and_reports_the_three_models_side_by_side(tmp_path):
     """`make demo-calc`'s wiring, on the tiny model with one SFT and one GRPO step (the numbers are the demo's job)."""
     from rlkit.demos.calc import run_calc_demo
-    from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
 
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "data.eval.synthetic=3",
             "data.train.synthetic=8", "trainer.max_steps=1", "trainer.save_steps=1", "model.max_seq_length=1024",
             "trainer.per_device_train_batch_size=4", "eval.max_new_tokens=8", "eval.ifeval.limit=3",
             "eval.ifeval.max_new_tokens=8"]
-    summary = run_calc_demo(tmp_path / "demo", tiny, ["trainer.num_generations=2", "trainer.max_completion_length=16"])
+    summary = run_calc_demo(tmp_path / "demo", tiny, ["trainer.num_generations=2", "trainer.max_completion_length=16"],
+                            data_dir=SHARED_DATA if SHARED_DATA.is_dir() else None)
     assert [r["n"] for r in summary["rows"]] == [3, 3]
     for r in summary["rows"]:
         assert all(0 <= r[k] <= 1 for k in ("base", "sft", "grpo", "base_tool", "sft_tool", "grpo_tool"))
@@ -193,7 +195,7 @@ def test_calc_demo_runs_every_stage_and_reports_the_three_models_side_by_side(tm
             assert r[key]["diff"] == pytest.approx(r["grpo"] - r[before]) and 0 <= r[key]["p"] <= 1
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
                                                        "SFT eval", "GRPO training", "GRPO eval",
-                                                       *(["IFEval check"] if IFEVAL_PROMPTS.is_file() else [])]
+                                                       *(["IFEval check"] if (SHARED_DATA / "ifeval").is_dir() else [])]
     run = tmp_path / "demo" / "grpo"
     assert f"init_from: {tmp_path / 'demo' / 'sft'}" in (run / "recipe.resolved.yaml").read_text()  # GRPO continued SFT
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(

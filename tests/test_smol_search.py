@@ -8,6 +8,8 @@ import pytest
 from rlkit.recipe import load_recipe, recipes_dir
 from tests.helpers import script_and_capture
 
+from .conftest import SHARED_DATA
+
 SFT = recipes_dir() / "smol_search_sft.yaml"
 GRPO = recipes_dir() / "smol_search_grpo.yaml"
 
@@ -94,14 +96,14 @@ def test_two_grpo_steps_with_retrieval_mask_exactly_the_tool_text_and_train_only
 @pytest.mark.timeout(600)
 def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(tmp_path):
     """`make demo-search`'s wiring, on the tiny model with one SFT and one GRPO step (the numbers are the demo's job)."""
-    from rlkit.demos.ifeval import PROMPTS as IFEVAL_PROMPTS
-    from rlkit.demos.search import HOTPOTQA, run_search_demo
+    from rlkit.demos.search import run_search_demo
 
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "trainer.max_steps=1",
             "trainer.save_steps=1", "model.max_seq_length=1024", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
     grpo = ["trainer.num_generations=2", "trainer.max_completion_length=16", "trainer.per_device_train_batch_size=2"]
-    summary = run_search_demo(tmp_path / "demo", tiny, grpo, teacher_questions=4, limit=3)
-    slugs = ["heldout", "newwording"] + (["hotpotqa"] if (HOTPOTQA / "hotpotqa_train.json").is_file() else [])
+    data = SHARED_DATA if SHARED_DATA.is_dir() else None  # HotpotQA's closed set and IFEval's prompts, when here
+    summary = run_search_demo(tmp_path / "demo", tiny, grpo, teacher_questions=4, limit=3, data_dir=data)
+    slugs = ["heldout", "newwording"] + (["hotpotqa"] if (SHARED_DATA / "hotpotqa_closed").is_dir() else [])
     assert [r["slug"] for r in summary["rows"]] == slugs and all(r["n"] == 3 for r in summary["rows"])
     for r in summary["rows"]:
         assert all(0 <= r[f"{k}_f1"] <= 1 and r[f"{k}_searches"] >= 0 for k in ("base", "sft", "grpo"))
@@ -109,7 +111,7 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
         assert r["sft_minus_base"]["diff"] == pytest.approx(r["sft_f1"] - r["base_f1"])
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "teacher rollout",
                                                        "SFT training", "SFT eval", "GRPO training", "GRPO eval",
-                                                       *(["IFEval check"] if IFEVAL_PROMPTS.is_file() else [])]
+                                                       *(["IFEval check"] if (SHARED_DATA / "ifeval").is_dir() else [])]
     demo = tmp_path / "demo"
     teacher = [json.loads(line) for line in (demo / "teacher" / "sft_rows.jsonl").read_text().splitlines()]
     assert len(teacher) == 4 and all(row["messages"][-1]["content"].startswith("<answer>") for row in teacher)

@@ -1,12 +1,12 @@
 """``rlkit eval TARGET --suite FILE|NAME``'s body: evaluate on every set of a suite (:mod:`rlkit.evaluate.suite`)
-and print one table, a column per set, the base and the trained model side by side."""
+and print one table, a row per set, the base and the trained model side by side (also ``suite.md``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit.stats import show_accuracy, show_diff
+from rlkit.stats import show_accuracy, show_degenerate, show_diff
 
 if TYPE_CHECKING:
     from rlkit.evaluate.served import Served
@@ -33,31 +33,33 @@ def cell(entry: dict[str, Any]) -> str:
 
 
 def suite_table(summary: dict[str, Any]) -> Any:
-    """The suite's table: a row per model (base first), a column per set; the paired gain row when there are two."""
-    from rich.table import Table
+    """The suite's table (:func:`rlkit.evaluate.show.results_table`): a row per set, a column per model (base
+    first), and the paired gain when there are two."""
+    from rlkit.evaluate.show import results_table
 
-    names = [s["name"] for s in summary["sets"]]
     gains = summary.get("gain")
-    table = Table(title=f"eval suite {summary['suite']}: greedy accuracy [95% interval] (correct/n)",
-                  caption=GAIN_CAPTION if gains else None)
-    table.add_column("model")
-    for name in names:
-        table.add_column(name, justify="right")
-    for row in summary["rows"]:
-        table.add_row(f"{row['role']}: {row['model']}", *(cell(row["sets"][n]) for n in names))
-    if gains:
-        table.add_row("gain", *(show_diff(gains[n]) for n in names))
-    return table
+    return results_table(
+        f"eval suite {summary['suite']}: greedy accuracy [95% interval] (correct/n)",
+        [{"set": s["name"],
+          **{f"{row['role']}: {row['model']}": cell(row["sets"][s["name"]]) for row in summary["rows"]},
+          **({"gain": show_diff(gains[s["name"]])} if gains else {}),
+          **({"degenerate": " -> ".join(show_degenerate(row["sets"][s["name"]]) for row in summary["rows"])}
+             if any("degenerate" in row["sets"][s["name"]] for row in summary["rows"]) else {})}
+         for s in summary["sets"]],
+        caption=GAIN_CAPTION if gains else None)
 
 
 def print_suite(summary: dict[str, Any]) -> None:
     from rich.console import Console
 
+    from rlkit import safety
+
     console = Console()
-    if not console.is_terminal:  # a log file or a pipe: wide enough for every set's column, never cut
-        console = Console(width=max(80, 48 + 36 * len(summary["sets"])))
-    console.print(suite_table(summary))
+    table = suite_table(summary)
+    console.print(table)
     for s in summary["sets"]:
         if s["about"]:
             console.print(f"[dim]{s['name']}: {s['about']}[/]")
-    console.print(f"per-set results and predictions: {Path(summary['path']).parent}/ (table: {summary['path']})")
+    markdown = Path(summary["path"]).with_suffix(".md")
+    safety.write_text(markdown, table.markdown())
+    console.print(f"per-set results and predictions: {markdown.parent}/ (table: {summary['path']}, {markdown.name})")

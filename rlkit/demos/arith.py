@@ -28,7 +28,6 @@ SFT = "smol_arith_sft.yaml"
 RECIPE = "smol_arith_grpo.yaml"
 SUITE, ROBUST = "arith", "robust"  # recipes/suites/: the sets the demos report
 QUICK = ("box", "two-digit", "other-wording", "ask-mix")  # `make demo`'s sets; `make demo-full` reports all
-GSM8K_TEST = Path("../shared/data/gsm8k/test.jsonl")
 GSM8K_EASIEST = 100
 MODELS = ("base", "SFT", "GRPO", "SFT continued")
 
@@ -89,14 +88,16 @@ def control_overrides(recipe: Path, overrides: list[str], sft_dir: Path) -> list
             "trainer.save_steps=100000"]
 
 
-def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: list[str] | None = None,
+def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str] | None = None,
              limit: int | None = None, grpo_overrides: list[str] | None = None, *, full: bool = False,
              control: bool = True) -> dict:
     """Base, SFT, SFT + GRPO and (``control``) SFT continued for GRPO's minutes, each evaluated on every set (its
-    first ``limit`` problems); returns the summary also written to ``output_dir/demo.json``. ``overrides`` apply to
+    first ``limit`` problems); returns the summary also written to ``output_dir/demo.json``. ``data_dir``: a folder
+    holding GSM8K's and IFEval's files for ``full`` (:func:`rlkit.data.sources.public_sets`). ``overrides`` apply to
     both recipes and every eval, ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's)."""
     from rich.console import Console
 
+    from rlkit.data.sources import public_sets
     from rlkit.evaluate import evaluate
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
@@ -110,11 +111,10 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     output_dir = prepare(Path(output_dir), [(sft_recipe, overrides), (recipe, overrides + list(grpo_overrides or [])),
                                             *([(sft_recipe, control_set)] if control else [])])
     sft_dir, run_dir, control_dir = output_dir / "sft", output_dir / "grpo", output_dir / "sft-continued"
-    gsm8k_file = None
-    if full and gsm8k_test is not None and Path(gsm8k_test).is_file():
-        gsm8k_file = easiest_gsm8k(Path(gsm8k_test), output_dir / "gsm8k_easiest.jsonl")
-    elif full and gsm8k_test is not None:
-        console.print(f"[yellow]{gsm8k_test} not found: the GSM8K row is skipped[/]")
+    found = public_sets({"gsm8k": f"the gsm8k-easiest{GSM8K_EASIEST} row", "ifeval": "the IFEval check"}, data_dir,
+                        output_dir / "data") if full else {"gsm8k": None}
+    gsm8k_file = easiest_gsm8k(found["gsm8k"] / "test.jsonl", output_dir / "gsm8k_easiest.jsonl") \
+        if found["gsm8k"] else None
     sets = eval_sets(gsm8k_file, full)
     stages = Stages(console)
     timed = stages.run
@@ -161,10 +161,10 @@ def run_demo(output_dir: Path, gsm8k_test: Path | None = GSM8K_TEST, overrides: 
     if full:
         ifeval_check(stages, recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(run_dir)),
                                                  *([("SFT continued", str(control_dir))] if control else [])],
-                     run_dir / "eval" / "ifeval", limit=limit)
+                     run_dir / "eval" / "ifeval", limit=limit, prompts=found["ifeval"])
     write_report(run_dir)
     rows = table_rows(sets, evals)
-    print_table(console, rows, [m for m in MODELS if m in evals], output_dir)
+    stages.show(results_table(rows, [m for m in MODELS if m in evals]))
     return stages.finish(rows, output_dir)
 
 
@@ -200,18 +200,16 @@ def _diffs(scores: dict[str, list[float]], paired: Any) -> dict[str, Any]:
     return {name: paired(scores[a], scores[b]) for name, (a, b) in pairs.items() if a in scores and b in scores}
 
 
-def print_table(console: Any, rows: list[dict], models: list[str], output_dir: Path) -> None:
-    from rich.table import Table
-
+def results_table(rows: list[dict], models: list[str]) -> Any:
+    """The demo's table (:func:`rlkit.evaluate.show.results_table`: whole at 80 columns, and as Markdown)."""
+    from rlkit.evaluate.show import results_table as layout
     from rlkit.stats import show_accuracy, show_diff
 
-    table = Table(title="rlkit demo: SmolLM2-135M-Instruct (greedy accuracy [95% Wilson interval])",
-                  caption=GAIN_CAPTION)
     diffs = [k for k in ("SFT - base", "GRPO - SFT", "GRPO - base", "GRPO - control") if k in rows[0]]
-    for col in ("eval set", "n", *models, *diffs, "degenerate"):
-        table.add_column(col, justify="left" if col == "eval set" else "right")
-    for r in rows:
-        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[m]["accuracy"], r["n"], r[m]["interval"])
-                                              for m in models),
-                      *(show_diff(r[k]) for k in diffs), " -> ".join(f"{r[m]['degenerate']:.2f}" for m in models))
-    console.print(table)
+    return layout("rlkit demo: SmolLM2-135M-Instruct (greedy accuracy [95% Wilson interval]; degenerate = no answer, "
+                  "a character run or a loop)",
+                  [{"eval set": r["set"], "n": str(r["n"]),
+                    **{m: show_accuracy(r[m]["accuracy"], r["n"], r[m]["interval"]) for m in models},
+                    **{k: show_diff(r[k]) for k in diffs},
+                    "degenerate " + " -> ".join(models): " -> ".join(f"{r[m]['degenerate']:.2f}" for m in models)}
+                   for r in rows], caption=GAIN_CAPTION)

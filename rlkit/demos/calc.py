@@ -34,16 +34,18 @@ def tool_share(results: dict[str, Any]) -> float:
     return sum(bool(e["tool_calls"]) for e in episodes) / len(episodes)
 
 
-def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
-                  grpo_overrides: list[str] | None = None) -> dict[str, Any]:
+def run_calc_demo(output_dir: Path, overrides: list[str] | None = None, grpo_overrides: list[str] | None = None,
+                  *, data_dir: Path | None = None) -> dict[str, Any]:
     """Base, SFT and GRPO models of the calculator agent, each evaluated on both sets; returns the summary
     that is also written to ``output_dir/demo.json``. ``overrides`` apply to both recipes (and every eval),
-    ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's)."""
+    ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's); ``data_dir``: a folder holding IFEval's
+    prompts (:func:`rlkit.data.sources.public_sets`)."""
     from rich.console import Console
-    from rich.table import Table
 
+    from rlkit.data.sources import public_sets
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.results import gain
+    from rlkit.evaluate.show import results_table
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
     from rlkit.stats import show_accuracy, show_diff
@@ -56,6 +58,7 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     output_dir = prepare(Path(output_dir), [(sft_recipe, overrides),
                                             (grpo_recipe, overrides + list(grpo_overrides or []))])
     sft_dir, grpo_dir = output_dir / "sft", output_dir / "grpo"
+    found = public_sets({"ifeval": "the IFEval check"}, data_dir, output_dir / "data")
     stages = Stages(console)
 
     def evaluate_both(tag: str, model: str | None) -> list[dict[str, Any]]:
@@ -86,7 +89,7 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
     # The GRPO run's report.md then shows all three stages' accuracies next to its reward curves.
     copy_evals(output_dir / "eval", grpo_dir)
     ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", str(grpo_dir))],
-                 grpo_dir / "eval" / "ifeval")
+                 grpo_dir / "eval" / "ifeval", prompts=found["ifeval"])
     write_report(grpo_dir)
 
     rows = [{"set": label, "n": b["n"], "base": b["accuracy"], "sft": s["accuracy"], "grpo": g["accuracy"],
@@ -94,16 +97,13 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None,
              "grpo_minus_sft": gain(s["results"], g["results"]), "grpo_minus_base": gain(b["results"], g["results"]),
              "base_tool": b["tool_share"], "sft_tool": s["tool_share"], "grpo_tool": g["tool_share"]}
             for (label, _, _), b, s, g in zip(SETS, base, sft, grpo, strict=True)]
-    table = Table(title="rlkit calculator agent: SmolLM2-135M-Instruct, base -> SFT warm-up -> GRPO "
-                        "(greedy accuracy [95% Wilson interval]; tool = episodes calling the calculator)",
-                  caption=GAIN_CAPTION)
-    for col in ("held-out set", "n", "base", "after SFT", "after GRPO", "GRPO - SFT", "GRPO - base",
-                "tool base -> SFT -> GRPO"):
-        table.add_column(col, justify="left" if col == "held-out set" else "right")
-    for r in rows:
-        table.add_row(r["set"], str(r["n"]), *(show_accuracy(r[k], r["n"], r[f"{k}_interval"])
-                                              for k in ("base", "sft", "grpo")),
-                      show_diff(r["grpo_minus_sft"]), show_diff(r["grpo_minus_base"]),
-                      f"{r['base_tool']:.2f} -> {r['sft_tool']:.2f} -> {r['grpo_tool']:.2f}")
-    console.print(table)
+    stages.show(results_table(
+        "rlkit calculator agent: SmolLM2-135M-Instruct, base -> SFT warm-up -> GRPO (greedy accuracy [95% Wilson "
+        "interval]; tool = episodes calling the calculator)",
+        [{"held-out set": r["set"], "n": str(r["n"]),
+          **{column: show_accuracy(r[k], r["n"], r[f"{k}_interval"])
+             for column, k in (("base", "base"), ("after SFT", "sft"), ("after GRPO", "grpo"))},
+          "GRPO - SFT": show_diff(r["grpo_minus_sft"]), "GRPO - base": show_diff(r["grpo_minus_base"]),
+          "tool base -> SFT -> GRPO": f"{r['base_tool']:.2f} -> {r['sft_tool']:.2f} -> {r['grpo_tool']:.2f}"}
+         for r in rows], caption=GAIN_CAPTION))
     return stages.finish(rows, output_dir)

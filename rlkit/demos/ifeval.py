@@ -6,7 +6,8 @@ The subset is the first :data:`LIMIT` prompts of IFEval's file, replies capped a
 (greedy), the same for every demo and every stage: one batch of 256 decoding steps per model, 126 s user + 167 s
 system CPU for SmolLM2 in one thread (docs/ifeval.md has the measurements). A prompt that asks for 300+ words
 cannot be followed in 256 tokens by any model: the cap lowers every stage alike, and the comparison is paired.
-Skipped, with a line saying so, when the prompts file is not there.
+The prompts come from a data folder or the Hub (:func:`rlkit.data.sources.public_sets`, which says when there are
+none); without them the check is skipped.
 """
 
 from __future__ import annotations
@@ -15,23 +16,22 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-PROMPTS = Path("../shared/data/ifeval/input_data.jsonl")
 LIMIT = 50
 MAX_NEW_TOKENS = 256
 BATCH_SIZE = 50  # one batch: IFEval's prompts are short (at most ~100 tokens of the first 50), whatever the recipe's
 
 
 def ifeval_check(stages: Any, recipe: Path, overrides: list[str], models: list[tuple[str, str | None]], out: Path,
-                 *, limit: int | None = None, prompts: Path = PROMPTS, fresh: bool = False) -> dict[str, Any] | None:
+                 *, prompts: Path | None, limit: int | None = None, fresh: bool = False) -> dict[str, Any] | None:
     """IFEval on each ``(stage name, model)`` (None: the recipe's base model) as one timed stage, written to ``out``
     (a run's ``eval/ifeval``, so its report.md shows it); its table closes the demo and ``demo.json`` holds its
-    summary under ``ifeval``. ``limit`` (a demo's quick check) and ``overrides`` (``eval.ifeval.*``) win over
-    :data:`LIMIT` and :data:`MAX_NEW_TOKENS`. ``fresh``: in a fresh process (:meth:`Stages.run_fresh`)."""
+    summary under ``ifeval``. ``prompts``: IFEval's file or its folder (None: skipped). ``limit`` (a demo's quick
+    check) and ``overrides`` (``eval.ifeval.*``) win over :data:`LIMIT` and :data:`MAX_NEW_TOKENS`. ``fresh``: in a
+    fresh process (:meth:`Stages.run_fresh`)."""
     from rlkit.evaluate.ifeval import compare_models
     from rlkit.evaluate.show import ifeval_table
 
-    if not Path(prompts).is_file():
-        stages.console.print(f"[yellow]{prompts} not found: the IFEval check is skipped[/]")
+    if prompts is None:
         return None
     settings = [f"eval.ifeval.limit={limit or LIMIT}", f"eval.ifeval.max_new_tokens={MAX_NEW_TOKENS}",
                 f"eval.batch_size={BATCH_SIZE}", *overrides]

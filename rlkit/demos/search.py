@@ -11,8 +11,9 @@ The DeepSearch-RL pipeline at laptop scale, every stage through the code a GPU u
   the kept step's adapter (``best/``), which is the SFT adapter itself when no GRPO step beat it.
 
 Each model is evaluated on the held-out synthetic questions, on a second wording family whose question
-shapes training never saw, and (when ``../shared/data/hotpotqa_closed`` is there) on HotpotQA's closed set
-through the bring-your-own-data recipe: real questions, transfer only.
+shapes training never saw, and (when it can be had: a data folder, or HippoRAG's repository at a pinned commit,
+:func:`rlkit.data.sources.public_sets`) on HotpotQA's closed set through the bring-your-own-data recipe: real
+questions, transfer only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from rlkit.demos.stages import Stages, copy_evals, prepare
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO, BYOD = "smol_search_sft.yaml", "smol_search_grpo.yaml", "hotpotqa_byod_grpo.yaml"
-HOTPOTQA = Path("../shared/data/hotpotqa_closed")
 TEACHER_QUESTIONS = 128
 SETS = [("held-out questions, training wording", "heldout", []),
         ("new wording (question shapes never trained on)", "newwording",
@@ -48,34 +48,37 @@ def searches(results: dict[str, Any]) -> float:
     return sum(len(e["tool_calls"]) for e in episodes) / len(episodes)
 
 
-def hotpotqa_data(output_dir: Path) -> Path | None:
-    """HotpotQA's closed set (all 100 questions: none is trained on) in the bring-your-own-data layout under
-    ``output_dir/hotpotqa``, written by ``examples/hotpotqa_byod.py`` as ``make hotpotqa-data`` does; None when
-    the data or the script is not there."""
+def hotpotqa_data(source: Path | None, output_dir: Path) -> Path | None:
+    """HotpotQA's closed set (``source``: its folder; all 100 questions: none is trained on) in the
+    bring-your-own-data layout under ``output_dir/hotpotqa``, written by ``examples/hotpotqa_byod.py`` as
+    ``make hotpotqa-data`` does; None without the data or the script."""
     import subprocess
     import sys
 
     script = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_byod.py"
-    if not (HOTPOTQA / "hotpotqa_train.json").is_file() or not script.is_file():
+    if source is None or not script.is_file():
         return None
     out = output_dir / "hotpotqa"
-    subprocess.run([sys.executable, str(script), str(HOTPOTQA), str(out)], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(script), str(source), str(out)], check=True, capture_output=True)
     questions = "".join((out / name).read_text(encoding="utf-8") for name in ("train.jsonl", "eval.jsonl"))
     (out / "all.jsonl").write_text(questions, encoding="utf-8")
     return out
 
 
 def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_overrides: list[str] | None = None,
-                    *, teacher_questions: int = TEACHER_QUESTIONS, limit: int | None = None) -> dict[str, Any]:
+                    *, teacher_questions: int = TEACHER_QUESTIONS, limit: int | None = None,
+                    data_dir: Path | None = None) -> dict[str, Any]:
     """Base, SFT and GRPO search agents, each evaluated on every set (its first ``limit`` questions); returns
     the summary also written to ``output_dir/demo.json``. Each stage that loads a model runs in a fresh process
     (so a script that calls this needs the ``if __name__ == "__main__":`` guard). ``overrides`` apply to both
     recipes and every eval; of them, the ``model.*`` and ``eval.*`` keys also apply to the HotpotQA eval, which runs
-    the BYOD recipe."""
+    the BYOD recipe. ``data_dir``: a folder holding HotpotQA's closed set and IFEval's prompts
+    (:func:`rlkit.data.sources.public_sets`)."""
     from rich.console import Console
 
     from rlkit import safety
     from rlkit.agents.rollout import rollout
+    from rlkit.data.sources import public_sets
     from rlkit.recipe import load_recipe
     from rlkit.report import write_report
     from rlkit.tiny import resolve_model_id
@@ -89,7 +92,9 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     sft_set = overrides + [f"data.train.path={json.dumps(str(teacher))}"]
     output_dir = prepare(output_dir, [(grpo_recipe, overrides + list(grpo_overrides or []))])
     sft_dir, grpo_dir = output_dir / "sft", output_dir / "grpo"
-    byod = hotpotqa_data(output_dir)
+    found = public_sets({"hotpotqa": "the HotpotQA row", "ifeval": "the IFEval check"}, data_dir,
+                        output_dir / "data")
+    byod = hotpotqa_data(found["hotpotqa"], output_dir)
     sets = SETS + ([("HotpotQA closed set (real questions, transfer only)", "hotpotqa",
                      [f"retrieval.corpus={json.dumps(str(byod / 'corpus.json'))}",
                       f"data.eval.path={json.dumps(str(byod / 'all.jsonl'))}"])] if byod else [])
@@ -126,10 +131,11 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     grpo = stages.run_fresh("GRPO eval", evaluate_all, "grpo", grpo_model)
     copy_evals(output_dir / "eval", grpo_dir)
     ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", grpo_model)],
-                 grpo_dir / "eval" / "ifeval", limit=limit, fresh=True)
+                 grpo_dir / "eval" / "ifeval", limit=limit, fresh=True, prompts=found["ifeval"])
     write_report(grpo_dir)
     rows = _rows(sets, base, sft, grpo)
-    _print_tables(console, rows)
+    for table in _tables(rows):
+        stages.show(table)
     _plot(rows, output_dir / "f1_by_stage.png")
     return stages.finish(rows, output_dir)
 
@@ -208,33 +214,27 @@ def _quality(scores: dict[str, list[float]]) -> dict[str, Any]:
             "em": sum(em) / len(em), "em_interval": list(wilson(round(sum(em)), len(em)))}
 
 
-def _print_tables(console: Any, rows: list[dict[str, Any]]) -> None:
-    from rich.table import Table
-
+def _tables(rows: list[dict[str, Any]]) -> list[Any]:
+    """The closing tables (:func:`rlkit.evaluate.show.results_table`): per set, then per set and question type."""
+    from rlkit.evaluate.show import results_table
     from rlkit.stats import show_diff
 
-    table = Table(title="rlkit search agent: SmolLM2-135M-Instruct, base -> SFT on teacher trajectories -> GRPO "
-                        "(greedy; F1 [95% bootstrap interval], EM [95% Wilson interval]; searches per episode)",
-                  caption=GAIN_NOTE)
-    for col in ("set", "n", "metric", "base", "after SFT", "after GRPO", "SFT - base", "GRPO - SFT", "searches"):
-        table.add_column(col, justify="left" if col in ("set", "metric") else "right")
-    for r in rows:
-        table.add_row(r["set"], str(r["n"]), "F1", *(_show(r, k, "f1") for k in ("base", "sft", "grpo")),
-                      show_diff(r["sft_minus_base"]), show_diff(r["grpo_minus_sft"]),
-                      " -> ".join(f"{r[f'{k}_searches']:.2f}" for k in ("base", "sft", "grpo")))
-        table.add_row("", "", "EM", *(_show(r, k, "em") for k in ("base", "sft", "grpo")), "", "", "",
-                      end_section=True)
-    console.print(table)
-    kinds = Table(title="F1 [95% bootstrap interval] and EM [95% Wilson interval] per question type: "
-                        "base -> SFT -> GRPO")
-    for col in ("set", "question type", "n", "metric", "base", "after SFT", "after GRPO"):
-        kinds.add_column(col, justify="left" if col in ("set", "question type", "metric") else "right")
-    for r in rows:
-        for kind, q in r["by_type"]["base"].items():
-            for key in ("f1", "em"):
-                kinds.add_row(r["slug"], kind, str(q["n"]), key.upper(),
-                              *(_show(r["by_type"][k].get(kind), None, key) for k in ("base", "sft", "grpo")))
-    console.print(kinds)
+    stages = (("base", "base"), ("after SFT", "sft"), ("after GRPO", "grpo"))
+    sets = results_table(
+        "rlkit search agent: SmolLM2-135M-Instruct, base -> SFT on teacher trajectories -> GRPO (greedy; F1 [95% "
+        "bootstrap interval], EM [95% Wilson interval]; searches per episode)",
+        [{"set": r["set"], "n": str(r["n"]), **{f"F1 {column}": _show(r, k, "f1") for column, k in stages},
+          **{f"EM {column}": _show(r, k, "em") for column, k in stages},
+          "F1 SFT - base": show_diff(r["sft_minus_base"]), "F1 GRPO - SFT": show_diff(r["grpo_minus_sft"]),
+          "searches base -> SFT -> GRPO": " -> ".join(f"{r[f'{k}_searches']:.2f}" for _, k in stages)}
+         for r in rows], caption=GAIN_NOTE)
+    kinds = results_table(
+        "F1 [95% bootstrap interval] and EM [95% Wilson interval] per question type: base -> SFT -> GRPO",
+        [{"set: question type": f"{r['slug']}: {kind}", "n": str(q["n"]),
+          **{f"{key.upper()} {column}": _show(r["by_type"][k].get(kind), None, key)
+             for key in ("f1", "em") for column, k in stages}}
+         for r in rows for kind, q in r["by_type"]["base"].items()])
+    return [sets, kinds]
 
 
 def _show(row: dict[str, Any] | None, stage: str | None, key: str) -> str:

@@ -1,18 +1,23 @@
 """What every demo shares: the checks before any work (:func:`prepare`), the stage timer with the closing
-table and ``demo.json`` (:class:`Stages`), and the evals copied into the trained run (:func:`copy_evals`)."""
+tables, ``table.md`` and ``demo.json`` (:class:`Stages`), one line and the signal's exit code for a demo stopped
+in any stage (:func:`stops_named`), and the evals copied into the trained run (:func:`copy_evals`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from rlkit.errors import Interrupted
 
 GAIN_CAPTION = ("gain: the paired difference on the same problems, its 95% bootstrap interval and exact McNemar "
                 "p; * = significant at 5%")
@@ -53,6 +58,53 @@ class ChildTraceback(Exception):
     """Where an exception raised in a fresh process came from: its traceback there, as text."""
 
 
+class Stopped(BaseException):
+    """A stage ended by a signal: SIGTERM to this process (:func:`stops_named` raises it, as Python raises
+    KeyboardInterrupt for SIGINT), or the signal a fresh stage's process died of: ``sent`` when it is one this process
+    got and passed on, not when something else killed it (SIGKILL: most often the out-of-memory killer)."""
+
+    def __init__(self, signum: int, sent: bool = True) -> None:
+        super().__init__(signum, sent)
+        self.signum, self.sent = signum, sent
+
+
+def _raise_stopped(signum: int, _frame: Any) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stops_named(name: str) -> Iterator[None]:
+    """Inside: SIGTERM stops this process as Ctrl-C does, with an exception rather than a silent death; either, or
+    a stage process killed by a signal, ends as :class:`rlkit.errors.Interrupted` naming ``name`` (one line from
+    the CLI, exit 128 + the signal's number, no traceback). A training stage's own ``Interrupted`` (it saved a
+    checkpoint and says how to resume) keeps its message behind ``name``; one already named passes unchanged."""
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread only
+    previous = signal.signal(signal.SIGTERM, _raise_stopped) if main else None
+    try:
+        yield
+    except Interrupted as e:
+        if getattr(e, "stage", None) is not None:
+            raise
+        raise _named(name, str(e), e.exit_code) from None
+    except KeyboardInterrupt:
+        raise _named(name, "stopped by SIGINT before it finished", 128 + signal.SIGINT) from None
+    except Stopped as e:
+        signame = signal.Signals(e.signum).name
+        why = (f"stopped by {signame} before it finished" if e.sent else
+               f"its process was killed by {signame} before it finished"
+               + (" (most often the out-of-memory killer: see `dmesg`)" if e.signum == signal.SIGKILL else ""))
+        raise _named(name, why, 128 + e.signum) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _named(name: str, message: str, exit_code: int) -> Interrupted:
+    stopped = Interrupted(f"{name}: {message}", exit_code)
+    stopped.stage = name
+    return stopped
+
+
 def call_fresh(work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
     """``work(*args, **kwargs)`` in a fresh Python process (spawned: nothing of this one's heap, imports or state);
     returns its value and that process's own peak resident size in bytes. ``work``, its arguments and its value
@@ -62,7 +114,8 @@ def call_fresh(work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
 
     The process logs as rlkit's commands do, runs in a process group of its own and gets SIGINT and SIGTERM from this
     one, once each (Ctrl-C at the terminal reaches this process only), so a training stage checkpoints, stops and
-    says how to resume, as ``rlkit train`` does; on Linux it gets SIGTERM if this process dies."""
+    says how to resume, as ``rlkit train`` does; on Linux it gets SIGTERM if this process dies. A process that dies
+    of a signal without a word raises :class:`Stopped`."""
     import multiprocessing
 
     from rlkit.launch import forwarding_signals
@@ -72,13 +125,15 @@ def call_fresh(work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
     child = spawn.Process(target=_fresh_main, args=(send, os.getpid(), work, args, kwargs), daemon=False)
     child.start()
     send.close()
-    with forwarding_signals(lambda: [child.pid]):
+    with forwarding_signals(lambda: [child.pid]) as forwarded:
         try:
             ok, payload = receive.recv()
-        except EOFError:  # it died without a word: killed (-9: most often the out-of-memory killer), or crashed
+        except EOFError:  # it died without a word: of a signal (one passed on, or SIGKILL from outside), or crashed
             child.join()
-            raise RuntimeError(f"{getattr(work, '__name__', work)!s}: its process ended with exit code "
-                               f"{child.exitcode} and no result") from None
+            if child.exitcode is not None and child.exitcode < 0:
+                raise Stopped(-child.exitcode, sent=-child.exitcode in forwarded) from None
+            what = getattr(getattr(work, "func", work), "__name__", type(work).__name__)  # a partial: its function's
+            raise RuntimeError(f"{what}: its process ended with exit code {child.exitcode} and no result") from None
         child.join()
     if ok:
         return payload
@@ -148,6 +203,13 @@ class Stages:
         # What a shared check (rlkit.demos.ifeval) adds: more keys for demo.json, more tables for the close.
         self.extra: dict[str, Any] = {}
         self.tables: list[Any] = []
+        self.shown: list[Any] = []  # the demo's own results tables, printed as they come (show)
+
+    def show(self, table: Any) -> None:
+        """Print a results table (:func:`rlkit.evaluate.show.results_table`: whole at any width) now; :meth:`finish`
+        writes it to ``table.md`` with the checks' tables."""
+        self.console.print(table)
+        self.shown.append(table)
 
     def run(self, name: str, work: Callable[[], Any]) -> Any:
         """``work()`` in this process, timed."""
@@ -170,7 +232,8 @@ class Stages:
 
     def _timed(self, name: str, work: Callable[[], tuple[Any, dict[str, float] | None]]) -> Any:
         load_before, t = os.getloadavg()[0], time.time()
-        value, own = work()
+        with stops_named(name):
+            value, own = work()
         peak = peak_rss_gb()
         self.rows.append({"stage": name, "seconds": round(time.time() - t, 1),
                           "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
@@ -183,9 +246,10 @@ class Stages:
         return value
 
     def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
-        """Print the time per stage, the total and the peak resident memory; write and return the summary
-        (``output_dir/demo.json``)."""
+        """Print the checks' tables, the time per stage, the total and the peak resident memory; write every results
+        table as Markdown (``output_dir/table.md``) and write and return the summary (``output_dir/demo.json``)."""
         from rlkit import safety
+        from rlkit.evaluate.show import write_markdown
 
         for table in self.tables:
             self.console.print(table)
@@ -194,8 +258,9 @@ class Stages:
         together = max([peak_rss_gb(children=False)] + [
             round(s["stage_peak_rss_gb"] + s["demo_rss_gb"], 3) for s in self.rows if "stage_peak_rss_gb" in s])
         at_once = f" (at most {_gb(together)} at once, a stage's process and the demo's)" if together > peak else ""
+        write_markdown(output_dir / "table.md", [*self.shown, *self.tables])
         self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs, peak resident memory {_gb(peak)}{at_once}; "
-                           f"the runs, evals and predictions are in {output_dir}/")
+                           f"the runs, evals and predictions are in {output_dir}/ (the tables: table.md)")
         summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
                    "cpus": os.cpu_count(), "peak_rss_gb": peak, "peak_rss_at_once_gb": max(peak, together)}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))

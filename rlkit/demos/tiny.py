@@ -21,10 +21,10 @@ GAIN_CAPTION = ("gain: this stage minus the one before on the same problems (bot
 
 def run_demo(output_dir: Path) -> list[dict]:
     from rich.console import Console
-    from rich.table import Table
 
     from rlkit.evaluate import evaluate
     from rlkit.evaluate.results import gain
+    from rlkit.evaluate.show import results_table, write_markdown
     from rlkit.stats import show_accuracy, show_diff
     from rlkit.tiny import TINY_MODEL_SMALL, tiny_model_path
     from rlkit.train import train
@@ -63,16 +63,14 @@ def run_demo(output_dir: Path) -> list[dict]:
     console.rule("5/5  evaluate after GRPO")
     stage("after SFT + GRPO", grpo_seconds, evaluate(grpo_dir, out=output_dir / "eval-grpo.json"))
 
-    table = Table(title="rlkit demo: tiny Qwen3 on held-out arithmetic word problems (greedy pass@1 "
-                        "[95% Wilson interval])", caption=GAIN_CAPTION)
-    for col in ("stage", "accuracy", "gain over the stage before [95%] p", "answer format", "examples",
-                "train time (s)"):
-        table.add_column(col, justify="left" if col == "stage" else "right")
-    for r in rows:
-        table.add_row(r["stage"], show_accuracy(r["accuracy"], r["n"], r["interval"]),
-                      show_diff(r["gain"]) if r["gain"] else "-", f"{r['format']:.2f}", str(r["n"]),
-                      f"{r['train_seconds']:.0f}")
+    table = results_table(
+        "rlkit demo: tiny Qwen3 on held-out arithmetic word problems (greedy pass@1 [95% Wilson interval])",
+        [{"stage": r["stage"], "accuracy": show_accuracy(r["accuracy"], r["n"], r["interval"]),
+          "gain over the stage before [95%] p": show_diff(r["gain"]) if r["gain"] else "-",
+          "answer format": f"{r['format']:.2f}", "examples": str(r["n"]), "train time (s)": f"{r['train_seconds']:.0f}"}
+         for r in rows], caption=GAIN_CAPTION)
     console.print(table)
+    write_markdown(output_dir / "table.md", [table])
     console.print(f"total {time.time() - started:.0f}s; runs and per-example predictions in {output_dir}/")
     (output_dir / "demo.json").write_text(json.dumps(rows, indent=2))
     return rows

@@ -165,6 +165,9 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
             scores = [x for s in suite.sets for x in per_problem(results[-1][s.name])]
             cells[suite.pooled] = {"correct": round(sum(scores)), "n": len(scores),
                                    "accuracy": sum(scores) / len(scores), "interval": list(interval(scores))}
+            if all("degenerate" in cells[s.name] for s in suite.sets):
+                cells[suite.pooled]["degenerate"] = sum(cells[s.name]["degenerate"] * cells[s.name]["n"]
+                                                        for s in suite.sets) / len(scores)
         rows.append({"role": role, "model": label, "sets": cells})
     sets = [{"name": s.name, "about": s.about} for s in suite.sets]
     if suite.pooled:
