@@ -164,7 +164,7 @@ def test_calc_demo_table_reads_whole_at_80_columns(tmp_path, monkeypatch, capsys
 
     _no_training(monkeypatch)
     monkeypatch.setattr(calc, "copy_evals", lambda eval_dir, run_dir: None)
-    right = {"base": 3, "sft": 9, "grpo": 14}
+    right = {"base": 3, "sft": 9, "grpo": 14, "control": 12}
 
     def evaluate(recipe, model, *, overrides, out):
         stage, n = Path(out).name.split("-")[0], 20
@@ -176,15 +176,17 @@ def test_calc_demo_table_reads_whole_at_80_columns(tmp_path, monkeypatch, capsys
                 "trajectories": str(episodes)}
 
     monkeypatch.setattr(rlkit.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr(calc, "train_minutes", lambda run_dir: 1.0)
     summary = calc.run_calc_demo(tmp_path / "demo")
     out = capsys.readouterr().out
     table = out[out.index("rlkit calculator agent"):out.index("time per stage")]
+    models = ("base", "SFT", "GRPO", "SFT continued")
     cells = [label for label, _, _ in calc.SETS] + [
-        show_accuracy(r[k], r["n"], r[f"{k}_interval"]) for r in summary["rows"] for k in ("base", "sft", "grpo")] + [
-        show_diff(r[k]) for r in summary["rows"] for k in ("grpo_minus_sft", "grpo_minus_base")]
+        show_accuracy(r[m]["accuracy"], r["n"], r[m]["interval"]) for r in summary["rows"] for m in models] + [
+        show_diff(r[k]) for r in summary["rows"] for k in ("GRPO - SFT", "GRPO - base", "GRPO - control")]
     assert "0.150 [0.052, 0.360]" in cells and "0.700 [0.481, 0.855]" in cells
     _whole(table, cells)
-    assert "tool base -> SFT -> GRPO  0.50 -> 0.50 -> 0.50" in table
+    assert "tool base -> SFT -> GRPO -> SFT continued  0.50 -> 0.50 -> 0.50 -> 0.50" in table
     assert "| new wording (names, things, sentence shapes never trained on) | 20 |" in (
         tmp_path / "demo" / "table.md").read_text()
 

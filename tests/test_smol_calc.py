@@ -188,17 +188,22 @@ def test_calc_demo_runs_every_stage_and_reports_the_three_models_side_by_side(tm
     summary = run_calc_demo(tmp_path / "demo", tiny, ["trainer.num_generations=2", "trainer.max_completion_length=16"],
                             data_dir=SHARED_DATA if SHARED_DATA.is_dir() else None)
     assert [r["n"] for r in summary["rows"]] == [3, 3]
+    models = ("base", "SFT", "GRPO", "SFT continued")
     for r in summary["rows"]:
-        assert all(0 <= r[k] <= 1 for k in ("base", "sft", "grpo", "base_tool", "sft_tool", "grpo_tool"))
-        assert r["sft_interval"][0] <= r["sft"] <= r["sft_interval"][1]
-        for key, before in (("grpo_minus_sft", "sft"), ("grpo_minus_base", "base")):
-            assert r[key]["diff"] == pytest.approx(r["grpo"] - r[before]) and 0 <= r[key]["p"] <= 1
+        assert all(0 <= r[m][k] <= 1 for m in models for k in ("accuracy", "tool_share"))
+        assert r["SFT"]["interval"][0] <= r["SFT"]["accuracy"] <= r["SFT"]["interval"][1]
+        for key, before in (("GRPO - SFT", "SFT"), ("GRPO - base", "base"), ("GRPO - control", "SFT continued")):
+            assert r[key]["diff"] == pytest.approx(r["GRPO"]["accuracy"] - r[before]["accuracy"])
+            assert 0 <= r[key]["p"] <= 1
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "SFT training",
                                                        "SFT eval", "GRPO training", "GRPO eval",
+                                                       "SFT continued (control)", "control eval",
                                                        *(["IFEval check"] if (SHARED_DATA / "ifeval").is_dir() else [])]
-    run = tmp_path / "demo" / "grpo"
+    run, control = tmp_path / "demo" / "grpo", tmp_path / "demo" / "sft-continued"
     assert f"init_from: {tmp_path / 'demo' / 'sft'}" in (run / "recipe.resolved.yaml").read_text()  # GRPO continued SFT
+    assert f"init_from: {tmp_path / 'demo' / 'sft'}" in (control / "recipe.resolved.yaml").read_text()
+    assert "max_steps: 100000" in (control / "recipe.resolved.yaml").read_text()  # ended by GRPO's minutes
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
-        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in ("heldout", "newwording"))
+        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo", "control") for slug in ("heldout", "newwording"))
     assert "sft-newwording.json" in (run / "report.md").read_text()
     assert json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"] == summary["rows"]

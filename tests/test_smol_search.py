@@ -106,31 +106,35 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
     slugs = ["heldout", "newwording"] + (["hotpotqa"] if (SHARED_DATA / "hotpotqa_closed").is_dir() else [])
     assert [r["slug"] for r in summary["rows"]] == slugs and all(r["n"] == 3 for r in summary["rows"])
     for r in summary["rows"]:
-        assert all(0 <= r[f"{k}_f1"] <= 1 and r[f"{k}_searches"] >= 0 for k in ("base", "sft", "grpo"))
+        assert all(0 <= r[f"{k}_f1"] <= 1 and r[f"{k}_searches"] >= 0 for k in ("base", "sft", "grpo", "control"))
         assert r["grpo_minus_sft"]["diff"] == pytest.approx(r["grpo_f1"] - r["sft_f1"])
         assert r["sft_minus_base"]["diff"] == pytest.approx(r["sft_f1"] - r["base_f1"])
+        assert r["grpo_minus_control"]["diff"] == pytest.approx(r["grpo_f1"] - r["control_f1"])
     assert [s["stage"] for s in summary["stages"]] == ["model build / cache check", "base eval", "teacher rollout",
                                                        "SFT training", "SFT eval", "GRPO training", "GRPO eval",
+                                                       "SFT continued (control)", "control eval",
                                                        *(["IFEval check"] if (SHARED_DATA / "ifeval").is_dir() else [])]
+    control = (demo := tmp_path / "demo") / "sft-continued" / "recipe.resolved.yaml"
+    assert f"init_from: {demo / 'sft'}" in control.read_text() and "sft_rows.jsonl" in control.read_text()
     demo = tmp_path / "demo"
     teacher = [json.loads(line) for line in (demo / "teacher" / "sft_rows.jsonl").read_text().splitlines()]
     assert len(teacher) == 4 and all(row["messages"][-1]["content"].startswith("<answer>") for row in teacher)
     assert f"init_from: {demo / 'sft'}" in (demo / "grpo" / "recipe.resolved.yaml").read_text()
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.json")) == sorted(
-        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in slugs)
+        f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo", "control") for slug in slugs)
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.trajectories.jsonl")) == sorted(
-        f"{tag}-{slug}.trajectories.jsonl" for tag in ("base", "sft", "grpo") for slug in slugs)
+        f"{tag}-{slug}.trajectories.jsonl" for tag in ("base", "sft", "grpo", "control") for slug in slugs)
     # report.md analyses every stage's episodes in the order they were played: base, then SFT, then GRPO
     report = (demo / "grpo" / "report.md").read_text()
     rows = [line.split("`")[1] for line in report.split("## Agent episodes", 1)[1].splitlines()
             if line.startswith("| `eval/")]
-    assert rows == [f"eval/{tag}-{slug}.json" for tag in ("base", "sft", "grpo") for slug in slugs]
+    assert rows == [f"eval/{tag}-{slug}.json" for tag in ("base", "sft", "grpo", "control") for slug in slugs]
     peaks = [s["peak_rss_gb"] for s in summary["stages"]]
     assert peaks[0] > 0.1 and peaks == sorted(peaks) and summary["peak_rss_gb"] >= peaks[-1]
     # every stage that loads a model ran in its own process, its own peak recorded; the teacher (no model) here
     fresh = {s["stage"]: s for s in summary["stages"] if "stage_peak_rss_gb" in s}
     assert [s["stage"] for s in summary["stages"] if s["stage"] not in fresh] == ["teacher rollout"]
-    for name in ("SFT training", "GRPO training"):  # each imported torch and TRL and loaded the model itself
+    for name in ("SFT training", "GRPO training", "SFT continued (control)"):  # each imported torch and TRL and loaded the model itself
         assert fresh[name]["stage_peak_rss_gb"] > 0.3 and fresh[name]["demo_rss_gb"] > 0.1
     kept = json.loads((demo / "grpo" / "best.json").read_text())  # step 0 or 1: the agent eval's pick is evaluated
     assert summary["grpo_kept"]["step"] == kept["step"] in (0, 1)

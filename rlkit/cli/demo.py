@@ -22,8 +22,9 @@ def demo(
                                                         "-> GRPO with the retrieval tool, each evaluated."),
     full: bool = typer.Option(False, "--full", help="The whole table (make demo-full): every set of the arith and "
                                                     "robust eval suites, GSM8K's easiest items and IFEval."),
-    control: bool = typer.Option(True, "--control/--no-control", help="Also train the equal-time control: SFT "
-                                 "continued from the SFT adapter for as many minutes as GRPO trained."),
+    control: bool = typer.Option(True, "--control/--no-control", help="Also train the equal-time control (the "
+                                 "arithmetic, calculator and search demos): SFT continued from the SFT adapter for as "
+                                 "many minutes as GRPO trained."),
     data_dir: Path = typer.Option(None, "--data-dir", help="A folder holding gsm8k/test.jsonl, ifeval/input_data.jsonl "
                                   "and hotpotqa_closed/ (default $RLKIT_DATA_DIR); a set it lacks comes from the Hub "
                                   "(cached), or its row is skipped with a line saying so."),
@@ -44,8 +45,10 @@ def demo(
                                     ("--fetch-data", fetch_data)) if on]
     if len(picked) > 1:
         raise UserError(f"{' and '.join(picked)} ask for different things: pick one")
-    if picked and (full or not control):
-        raise UserError(f"--full and --no-control are options of the arithmetic demo, not of {picked[0]}")
+    if picked and full:
+        raise UserError(f"--full is an option of the arithmetic demo, not of {picked[0]}")
+    if (tiny or fetch_data) and not control:
+        raise UserError(f"--no-control: {picked[0]} trains no control")
     if fetch_data:
         _fetch(data_dir)
         return
@@ -60,11 +63,11 @@ def demo(
         elif calc:
             from rlkit.demos.calc import run_calc_demo
 
-            run_calc_demo(output_dir or Path("runs/demo-calc"), set_ or [], data_dir=data_dir)
+            run_calc_demo(output_dir or Path("runs/demo-calc"), set_ or [], data_dir=data_dir, control=control)
         elif search:
             from rlkit.demos.search import run_search_demo
 
-            run_search_demo(output_dir or Path("runs/demo-search"), set_ or [], data_dir=data_dir)
+            run_search_demo(output_dir or Path("runs/demo-search"), set_ or [], data_dir=data_dir, control=control)
         else:
             from rlkit.demos.arith import run_demo
 

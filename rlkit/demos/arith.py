@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import GAIN_CAPTION, Stages, copy_evals, prepare
+from rlkit.demos.stages import GAIN_CAPTION, Stages, control_overrides, copy_evals, prepare, train_minutes
 from rlkit.recipe import recipes_dir
 
 SFT = "smol_arith_sft.yaml"
@@ -70,24 +70,6 @@ def format_share(results: dict[str, Any]) -> float:
     return sum(s == 1.0 for s in scores) / len(scores)
 
 
-def train_minutes(run_dir: Path) -> float:
-    """How long a run's training loop took (transformers' ``train_runtime``, model loading not counted)."""
-    from rlkit.runs import read_metrics
-
-    return next(r["train_runtime"] for r in reversed(read_metrics(run_dir)) if "train_runtime" in r) / 60
-
-
-def control_overrides(recipe: Path, overrides: list[str], sft_dir: Path) -> list[str]:
-    """The equal-time control: SFT continued from ``sft_dir`` on GRPO's problem pool (its ``data.train``, the same
-    seed), at the SFT's learning rate held constant, until the time limit ends it."""
-    from rlkit.recipe import load_recipe
-
-    pool = load_recipe(recipe, overrides).data.train.model_dump(exclude_defaults=True)
-    return [*overrides, f"init_from={json.dumps(str(sft_dir))}", f"data.train={json.dumps(pool)}",
-            "trainer.max_steps=100000", "trainer.lr_scheduler_type=constant", "trainer.warmup_steps=0",
-            "trainer.save_steps=100000"]
-
-
 def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str] | None = None,
              limit: int | None = None, grpo_overrides: list[str] | None = None, *, full: bool = False,
              control: bool = True) -> dict:
@@ -107,7 +89,8 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
     console = Console()
     sft_recipe, recipe = recipes_dir() / SFT, recipes_dir() / RECIPE
     overrides = list(overrides or [])
-    control_set = control_overrides(recipe, overrides, output_dir / "sft")
+    pool = load_recipe(recipe, overrides).data.train.model_dump(exclude_defaults=True)
+    control_set = control_overrides(overrides, output_dir / "sft", pool)
     output_dir = prepare(Path(output_dir), [(sft_recipe, overrides), (recipe, overrides + list(grpo_overrides or [])),
                                             *([(sft_recipe, control_set)] if control else [])])
     sft_dir, run_dir, control_dir = output_dir / "sft", output_dir / "grpo", output_dir / "sft-continued"

@@ -25,7 +25,7 @@ from typing import Any
 
 from rlkit import jsonl
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import Stages, copy_evals, prepare
+from rlkit.demos.stages import Stages, control_overrides, copy_evals, prepare, train_minutes
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO, BYOD = "smol_search_sft.yaml", "smol_search_grpo.yaml", "hotpotqa_byod_grpo.yaml"
@@ -38,6 +38,8 @@ SETS = [("held-out questions, training wording", "heldout", []),
 _SMOL_ON_BYOD = ["model.name_or_path=rlkit/smollm2-135m-instruct", "model.backend=hf", "model.load_in_4bit=false",
                  "model.dtype=bfloat16", "model.attn_implementation=eager", "model.max_seq_length=1536",
                  "env.max_turns=3", "retrieval.top_k=1", "eval.max_new_tokens=64", "eval.batch_size=16"]
+STAGE_KEYS = ("base", "sft", "grpo", "control")
+STAGE_COLUMNS = ("base", "after SFT", "after GRPO", "SFT continued")
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
 
@@ -67,8 +69,9 @@ def hotpotqa_data(source: Path | None, output_dir: Path) -> Path | None:
 
 def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_overrides: list[str] | None = None,
                     *, teacher_questions: int = TEACHER_QUESTIONS, limit: int | None = None,
-                    data_dir: Path | None = None) -> dict[str, Any]:
-    """Base, SFT and GRPO search agents, each evaluated on every set (its first ``limit`` questions); returns
+                    data_dir: Path | None = None, control: bool = True) -> dict[str, Any]:
+    """Base, SFT, GRPO and (``control``) SFT continued on the teacher's rows for GRPO's minutes, search agents each
+    evaluated on every set (its first ``limit`` questions); returns
     the summary also written to ``output_dir/demo.json``. Each stage that loads a model runs in a fresh process
     (so a script that calls this needs the ``if __name__ == "__main__":`` guard). ``overrides`` apply to both
     recipes and every eval; of them, the ``model.*`` and ``eval.*`` keys also apply to the HotpotQA eval, which runs
@@ -90,8 +93,9 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     output_dir = Path(output_dir)
     teacher = output_dir / "teacher" / "sft_rows.jsonl"
     sft_set = overrides + [f"data.train.path={json.dumps(str(teacher))}"]
+    control_set = control_overrides(sft_set, output_dir / "sft")  # on the teacher's rows, as the SFT
     output_dir = prepare(output_dir, [(grpo_recipe, overrides + list(grpo_overrides or []))])
-    sft_dir, grpo_dir = output_dir / "sft", output_dir / "grpo"
+    sft_dir, grpo_dir, control_dir = output_dir / "sft", output_dir / "grpo", output_dir / "sft-continued"
     found = public_sets({"hotpotqa": "the HotpotQA row", "ifeval": "the IFEval check"}, data_dir,
                         output_dir / "data")
     byod = hotpotqa_data(found["hotpotqa"], output_dir)
@@ -100,18 +104,19 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
                       f"data.eval.path={json.dumps(str(byod / 'all.jsonl'))}"])] if byod else [])
     byod_set = _SMOL_ON_BYOD + [o for o in overrides if o.startswith(("model.", "eval."))]
     stages = Stages(console)
+    steps = 9 if control else 7
 
     evaluate_all = partial(_evaluate_sets, sets, recipe=grpo_recipe, overrides=overrides, byod_set=byod_set,
                            out=output_dir / "eval", limit=limit)  # (tag, model); a partial pickles, a closure not
 
     # Every stage that loads a model runs in a fresh process (Stages.run_fresh): each starts from nothing the
     # stages before it left in the heap, and this process, which never loads one, stays small.
-    console.rule("1/7  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
+    console.rule(f"1/{steps}  the model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized; built once)")
     name = load_recipe(grpo_recipe, overrides).model.name_or_path
     console.print(f"{name} -> {stages.run_fresh('model build / cache check', resolve_model_id, name)}")
-    console.rule("2/7  evaluate the base model (greedy agent episodes with the search tool)")
+    console.rule(f"2/{steps}  evaluate the base model (greedy agent episodes with the search tool)")
     base = stages.run_fresh("base eval", evaluate_all, "base", None)
-    console.rule(f"3/7  the teacher: oracle episodes on {teacher_questions} training questions -> SFT rows")
+    console.rule(f"3/{steps}  the teacher: oracle episodes on {teacher_questions} training questions -> SFT rows")
     safety.remove(teacher.parent, "--output-dir")  # a previous run's, marked as rlkit's (or refused)
     safety.make_dir(teacher.parent, "demo")
     summary = stages.run("teacher rollout", lambda: rollout(
@@ -119,21 +124,32 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
         out=teacher.parent / "trajectories.jsonl", sft_out=teacher, show_progress=False))
     console.print(f"teacher: {summary['episodes']} episodes, {summary['successes']} successful -> "
                   f"{summary['sft_rows']} SFT rows ({teacher}); `rlkit analyze {summary['path']}` for its tables")
-    console.rule(f"4/7  SFT on the teacher's successful trajectories ({SFT})")
+    console.rule(f"4/{steps}  SFT on the teacher's successful trajectories ({SFT})")
     stages.run_fresh("SFT training", train, sft_recipe, sft_set, output_dir=sft_dir, overwrite=True)
-    console.rule("5/7  evaluate after SFT")
+    console.rule(f"5/{steps}  evaluate after SFT")
     sft = stages.run_fresh("SFT eval", evaluate_all, "sft", str(sft_dir))
-    console.rule(f"6/7  GRPO with the search tool, from the SFT adapter ({GRPO})")
+    console.rule(f"6/{steps}  GRPO with the search tool, from the SFT adapter ({GRPO})")
     grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
     stages.run_fresh("GRPO training", train, grpo_recipe, grpo_set, output_dir=grpo_dir, overwrite=True)
     grpo_model = kept_adapter(grpo_dir, stages, console)
-    console.rule("7/7  evaluate after GRPO")
+    console.rule(f"7/{steps}  evaluate after GRPO")
     grpo = stages.run_fresh("GRPO eval", evaluate_all, "grpo", grpo_model)
+    evaluated = [base, sft, grpo]
+    if control:
+        minutes = train_minutes(grpo_dir)
+        console.rule(f"8/{steps}  the control: SFT continued on the teacher's rows for the {minutes:.1f} minutes GRPO "
+                     "trained")
+        stages.run_fresh("SFT continued (control)", train, sft_recipe, control_set, output_dir=control_dir,
+                         overwrite=True, max_minutes=minutes)
+        console.rule(f"9/{steps}  evaluate the control")
+        evaluated.append(stages.run_fresh("control eval", evaluate_all, "control", str(control_dir)))
     copy_evals(output_dir / "eval", grpo_dir)
-    ifeval_check(stages, grpo_recipe, overrides, [("base", None), ("SFT", str(sft_dir)), ("GRPO", grpo_model)],
-                 grpo_dir / "eval" / "ifeval", limit=limit, fresh=True, prompts=found["ifeval"])
+    models = [("base", None), ("SFT", str(sft_dir)), ("GRPO", grpo_model),
+              *([("SFT continued", str(control_dir))] if control else [])]
+    ifeval_check(stages, grpo_recipe, overrides, models, grpo_dir / "eval" / "ifeval", limit=limit, fresh=True,
+                 prompts=found["ifeval"])
     write_report(grpo_dir)
-    rows = _rows(sets, base, sft, grpo)
+    rows = _rows(sets, *evaluated)
     for table in _tables(rows):
         stages.show(table)
     _plot(rows, output_dir / "f1_by_stage.png")
@@ -173,22 +189,23 @@ def kept_adapter(grpo_dir: Path, stages: Any, console: Any) -> str:
 
 
 def _rows(sets: list[tuple[str, str, list[str]]], *stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per evaluated set: EM/F1 (each with its 95% interval) and searches per stage, paired F1 gains, and
-    F1/EM per question type."""
+    """One row per evaluated set: EM/F1 (each with its 95% interval) and searches per stage (base, SFT, GRPO and, when
+    a fourth is given, the equal-time control), paired F1 gains, and F1/EM per question type."""
     from rlkit.stats import paired
 
     rows = []
-    for (label, slug, _), base, sft, grpo in zip(sets, *stages, strict=True):
-        named = (("base", base), ("sft", sft), ("grpo", grpo))
+    for (label, slug, _), *evaluated in zip(sets, *stages, strict=True):
+        named = tuple(zip(STAGE_KEYS, evaluated, strict=False))
         scores = {name: _scores(s["results"]) for name, s in named}
         overall = {name: _quality(by_kind["all"]) for name, by_kind in scores.items()}
         f1 = {name: by_kind["all"]["f1"] for name, by_kind in scores.items()}
-        rows.append({"set": label, "slug": slug, "n": base["n"],
+        rows.append({"set": label, "slug": slug, "n": evaluated[0]["n"],
                      **{f"{name}_{key}": overall[name][key] for name, _ in named
                         for key in ("em", "em_interval", "f1", "f1_interval")},
                      **{f"{name}_searches": s["searches"] for name, s in named},
                      "sft_minus_base": paired(f1["base"], f1["sft"]), "grpo_minus_sft": paired(f1["sft"], f1["grpo"]),
                      "grpo_minus_base": paired(f1["base"], f1["grpo"]),
+                     **({"grpo_minus_control": paired(f1["control"], f1["grpo"])} if "control" in f1 else {}),
                      "by_type": {name: {kind: _quality(v) for kind, v in by_kind.items() if kind != "all"}
                                  for name, by_kind in scores.items()}})
     return rows
@@ -219,17 +236,19 @@ def _tables(rows: list[dict[str, Any]]) -> list[Any]:
     from rlkit.evaluate.show import results_table
     from rlkit.stats import show_diff
 
-    stages = (("base", "base"), ("after SFT", "sft"), ("after GRPO", "grpo"))
+    stages = [(column, k) for column, k in zip(STAGE_COLUMNS, STAGE_KEYS, strict=True) if f"{k}_f1" in rows[0]]
+    names = " -> ".join(column.removeprefix("after ") for column, _ in stages)
     sets = results_table(
-        "rlkit search agent: SmolLM2-135M-Instruct, base -> SFT on teacher trajectories -> GRPO (greedy; F1 [95% "
-        "bootstrap interval], EM [95% Wilson interval]; searches per episode)",
+        f"rlkit search agent: SmolLM2-135M-Instruct, {names} (greedy; F1 [95% bootstrap interval], EM [95% Wilson "
+        "interval]; searches per episode)",
         [{"set": r["set"], "n": str(r["n"]), **{f"F1 {column}": _show(r, k, "f1") for column, k in stages},
           **{f"EM {column}": _show(r, k, "em") for column, k in stages},
           "F1 SFT - base": show_diff(r["sft_minus_base"]), "F1 GRPO - SFT": show_diff(r["grpo_minus_sft"]),
-          "searches base -> SFT -> GRPO": " -> ".join(f"{r[f'{k}_searches']:.2f}" for _, k in stages)}
+          **({"F1 GRPO - control": show_diff(r["grpo_minus_control"])} if "grpo_minus_control" in r else {}),
+          f"searches {names}": " -> ".join(f"{r[f'{k}_searches']:.2f}" for _, k in stages)}
          for r in rows], caption=GAIN_NOTE)
     kinds = results_table(
-        "F1 [95% bootstrap interval] and EM [95% Wilson interval] per question type: base -> SFT -> GRPO",
+        f"F1 [95% bootstrap interval] and EM [95% Wilson interval] per question type: {names}",
         [{"set: question type": f"{r['slug']}: {kind}", "n": str(q["n"]),
           **{f"{key.upper()} {column}": _show(r["by_type"][k].get(kind), None, key)
              for key in ("f1", "em") for column, k in stages}}
@@ -257,7 +276,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    stages = ("base", "sft", "grpo")
+    stages = [k for k in STAGE_KEYS if f"{k}_f1" in rows[0]]
     for i, r in enumerate(rows):
         means = [r[f"{k}_f1"] for k in stages]
         # max(0, ...): when every F1 is equal the bounds are the mean, give or take a rounding error of either sign
@@ -266,7 +285,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         shift = 0.05 * (i - (len(rows) - 1) / 2)  # side by side, so one set's bars do not hide another's
         ax.errorbar([x + shift for x in range(len(stages))], means, yerr=[below, above], marker="o", capsize=4,
                     label=f"{r['slug']} (n={r['n']})")
-    ax.set_xticks(range(len(stages)), ["base", "after SFT", "after GRPO"])
+    ax.set_xticks(range(len(stages)), [c for c, k in zip(STAGE_COLUMNS, STAGE_KEYS, strict=True) if k in stages])
     ax.set_ylabel("F1 (greedy, mean over questions;\nbars: 95% bootstrap interval)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)

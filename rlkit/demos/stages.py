@@ -194,6 +194,23 @@ def copy_evals(eval_dir: Path, run_dir: Path) -> None:
         shutil.copy2(path, run_dir / "eval" / path.name)
 
 
+def train_minutes(run_dir: Path) -> float:
+    """How long a run's training loop took (transformers' ``train_runtime``, model loading not counted)."""
+    from rlkit.runs import read_metrics
+
+    return next(r["train_runtime"] for r in reversed(read_metrics(run_dir)) if "train_runtime" in r) / 60
+
+
+def control_overrides(overrides: list[str], sft_dir: Path, pool: dict[str, Any] | None = None) -> list[str]:
+    """The equal-time control a user would ask for: the SFT recipe continued from ``sft_dir`` (on ``pool``, the RL
+    stage's ``data.train``, where the SFT can train on it; else on the SFT's own data), at its learning rate held
+    constant, until ``rlkit train --max-minutes`` (the RL stage's minutes) ends it."""
+    data = [f"data.train={json.dumps(pool)}"] if pool is not None else []
+    return [*overrides, f"init_from={json.dumps(str(sft_dir))}", *data, "trainer.max_steps=100000",
+            "trainer.lr_scheduler_type=constant", "trainer.warmup_steps=0",
+            "trainer.save_steps=100000"]
+
+
 class Stages:
     """Times each stage of a demo and prints it with the 1-minute load average before and after (on a shared
     machine the times say as much about the neighbours as about rlkit) and the peak resident memory so far."""
