@@ -138,7 +138,7 @@ print((status("VmHWM") - before) // 1024, logits.float().sum().item())
 @pytest.mark.cpu_only  # the pre-hook is installed on CPU loads only
 def test_the_cpu_lm_head_reads_a_contiguous_input_instead_of_copying_itself_per_sequence(tiny_model_dir):
     """Measured: the strided last-20 slice of 16 sequences raised the RSS high-water mark by 901 MB (the 57 MB head copied
-    once per sequence, three runs within 1 MB); with the pre-hook by 37-38 MB, and the logits are the same."""
+    once per sequence, three runs within 1 MB); with the pre-hook by 37-52 MB, and the logits are the same."""
     from rlkit.backends.hf import load
     from rlkit.recipe import ModelSpec
 
@@ -149,7 +149,9 @@ def test_the_cpu_lm_head_reads_a_contiguous_input_instead_of_copying_itself_per_
         return int(grown_mb), float(total)
 
     (strided_mb, strided_sum), (contiguous_mb, contiguous_sum) = run("strided"), run("contiguous")
-    assert strided_mb > 500 and contiguous_mb < 150 and strided_sum == contiguous_sum
+    assert strided_mb > 500 and contiguous_mb < 150
+    # the same logits, up to the order a CPU with AMX sums a contiguous input in (measured: 7e-6 of the total)
+    assert strided_sum == pytest.approx(contiguous_sum, rel=1e-4)
     model, _ = load(ModelSpec(name_or_path=str(tiny_model_dir), backend="hf"))
     assert len(model.get_output_embeddings()._forward_pre_hooks) == 1  # rlkit's CPU load installs it
 

@@ -169,7 +169,7 @@ MATRIX = [
     ("eval --out a foreign file", ["eval", SFT, "--smoke", "--out", "{tmp}/full/notes.txt"],
      "--out {tmp}/full/notes.txt: is not a file rlkit wrote"),
     ("rollout --resume without --out", ["rollout", AGENT, "--smoke", "--resume"], "--resume continues the trajectories"),
-    ("two demos at once", ["demo", "--tiny", "--calc"], "--tiny and --calc name different demos"),
+    ("two demos at once", ["demo", "--tiny", "--calc"], "--tiny and --calc ask for different things: pick one"),
     ("demo over a foreign demo.json", ["demo", "--output-dir", "{tmp}/theirs"],
      "--output-dir {tmp}/theirs/demo.json: is not a file rlkit wrote"),
     ("demo into the current directory", ["demo", "--calc", "--output-dir", "."], "is the current directory"),

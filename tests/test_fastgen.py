@@ -45,7 +45,8 @@ def _greedy(model, tok, batch, n=24):
 
 def test_bf16_gets_eager_attention_and_a_static_cache_that_change_nothing_but_speed(smollm2_dir, tok):
     """The static cache changes how the step runs, not what it computes: greedy tokens are identical to the
-    same eager model with a dynamic cache. Eager attention rounds differently from SDPA in bf16 but is as
+    same eager model with a dynamic cache, or part from it only at a near tie (a CPU with AMX rounds the padded
+    cache's products apart: measured one bf16 step, 24.375 vs 24.5, after 16 equal tokens). Eager attention rounds differently from SDPA in bf16 but is as
     faithful to the fp32 model (measured: mean |Δlogit| 0.205 vs 0.202, top-1 agreement 0.993 for both)."""
     batch = _batch(tok)
     keep = batch["attention_mask"].bool()
@@ -58,9 +59,20 @@ def test_bf16_gets_eager_attention_and_a_static_cache_that_change_nothing_but_sp
     assert fast.generation_config.cache_implementation == "static"
     dynamic = _model(smollm2_dir, torch.bfloat16)
     dynamic.set_attn_implementation("eager")
-    assert torch.equal(_greedy(fast, tok, batch), _greedy(dynamic, tok, batch))
     with torch.inference_mode():
         eager_logits = fast(**batch).logits.float()
+        assert torch.equal(eager_logits, dynamic(**batch).logits.float())  # the prompt's forward: the same numbers
+    static, grown = _greedy(fast, tok, batch), _greedy(dynamic, tok, batch)
+    assert (static == grown).float().mean() > 0.8
+    for row in range(len(PROMPTS)):  # later steps attend over a padded cache: a CPU with AMX rounds them apart
+        differ = (static[row] != grown[row]).nonzero()
+        if len(differ):  # ... only where the dynamic cache's own top two were within a bf16 rounding step
+            at = differ[0].item()
+            ids = torch.cat([batch["input_ids"][row], static[row, :at]])[None]
+            mask = torch.cat([batch["attention_mask"][row], torch.ones(at, dtype=torch.long)])[None]
+            with torch.inference_mode():
+                logits = dynamic(input_ids=ids, attention_mask=mask).logits[0, -1].float()
+            assert abs(logits[static[row, at]] - logits[grown[row, at]]) <= 0.25
 
     def error(logits):
         return (logits - fp32)[keep].abs().mean().item(), (logits.argmax(-1) == fp32.argmax(-1))[keep].float().mean()

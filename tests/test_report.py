@@ -86,7 +86,7 @@ def test_report_text(grpo):
     assert report.startswith("# Run report: test_grpo\n")
     assert "**GRPO** on `rlkit/tiny-qwen3` with the `hf` backend, 5 / 5 steps, finished in 12.5 s" in report
     assert "a **smoke** run" in report
-    assert "| `runs/demo/grpo/adapter` | 200 | 0.860 [0.805, 0.901] | 2.51 | `eval/model0.json` |" in report
+    assert "| `runs/demo/grpo/adapter` | 200 | 0.860 [0.805, 0.901] | - | 2.51 | `eval/model0.json` |" in report
     # every chart is linked relative to RUN, and nothing else is
     links = re.findall(r"!\[[^]]+\]\((plots/[^)]+)\)", report)
     assert sorted(links) == [f"plots/{name}" for name in pngs(run)]
@@ -141,7 +141,7 @@ def test_agent_run_has_tools_chart(tmp_path):
         r["metric"] for r in summary["rows"]}
     report = (run / "report.md").read_text()
     # No interval recorded in the results file: Wilson's from n, 5/20 overall and 4/8 for the question type.
-    assert "| `rlkit/tiny-qwen3` | 20 | 0.250 [0.112, 0.469] | 9 | `eval/model0.json` |" in report
+    assert "| `rlkit/tiny-qwen3` | 20 | 0.250 [0.112, 0.469] | - | 9 | `eval/model0.json` |" in report
     assert "| ↳ comparison_query | 8 | 0.500 [0.215, 0.785] | | |" in report
 
 

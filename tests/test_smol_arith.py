@@ -101,8 +101,8 @@ def test_demo_eval_sets_are_valid_overrides_of_the_shipped_recipe(tmp_path):
 
 def test_the_control_continues_sft_on_grpos_problems_until_the_time_limit(tmp_path):
     recipe, sft = recipes_dir() / "smol_arith_grpo.yaml", recipes_dir() / "smol_arith_sft.yaml"
-    control = load_recipe(sft, control_overrides(recipe, [], tmp_path / "sft"))
     grpo = load_recipe(recipe)
+    control = load_recipe(sft, control_overrides([], tmp_path / "sft", grpo.data.train.model_dump(exclude_defaults=True)))
     assert control.init_from == str(tmp_path / "sft") and control.algorithm == "sft"
     assert control.data.train == grpo.data.train and control.data.prompt == grpo.data.prompt  # the same pool
     assert control.trainer["lr_scheduler_type"] == "constant" and control.trainer["max_steps"] >= 10_000
