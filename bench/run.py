@@ -17,7 +17,8 @@ import time
 
 from common import BENCH, PYTHON, RESULTS, ROOT, busy, figures_table, machine_line, markdown, offline_env, show, table
 
-CPU_BENCHMARKS = ("help", "rewards", "retrieval", "rollout", "overhead", "generation", "mcp_tools", "grpo_step")
+CPU_BENCHMARKS = ("help", "rewards", "retrieval", "rollout", "overhead", "generation", "mcp_tools", "soak_search",
+                  "grpo_step")
 
 
 def summary(seconds: dict[str, float]) -> str:

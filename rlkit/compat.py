@@ -257,6 +257,13 @@ def qwen2_pretokenize_regex() -> str:
     return PRETOKENIZE_REGEX
 
 
+def wrap_checkpoint_save(trainer: Any, wrap: Any) -> None:
+    """Make ``wrap(save)`` this trainer's ``_save_checkpoint(model, trial)``: transformers 5.17's private save of one
+    checkpoint, which TRL's trainers override and PPO calls too. If it is renamed, a full disk while saving a
+    checkpoint keeps the library's traceback instead of rlkit's one line."""
+    trainer._save_checkpoint = wrap(trainer._save_checkpoint)
+
+
 # --- bitsandbytes (0.50) --------------------------------------------------------------------------
 
 
@@ -316,6 +323,23 @@ def torch_huge_pages() -> None:
     allocator). If torch stops reading it, nothing breaks and CPU steps are slower again."""
     if sys.platform.startswith("linux"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+
+def torch_write_failed(error: BaseException) -> bool:
+    """``torch.save`` (2.13) to a path that takes no more bytes: its zip writer raises ``RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos N vs M`` with no errno. If torch rewords it, a quota hit while
+    saving a checkpoint keeps torch's traceback (a full disk is still told by the file system's free space)."""
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in ("inline_container.cc", "StreamWriter"))
+
+
+def safetensors_errno(error: BaseException) -> int | None:
+    """The errno of safetensors' (0.8) ``SafetensorError`` for a failed write, read from its Rust I/O error text
+    ("... No space left on device (os error 28)"). If reworded, a full disk while saving an adapter keeps its
+    traceback."""
+    import re
+
+    found = type(error).__name__ == "SafetensorError" and re.search(r"\(os error (\d+)\)", str(error))
+    return int(found.group(1)) if found else None
 
 
 # --- vLLM (0.27.1) ---------------------------------------------------------------------------------

@@ -7,13 +7,15 @@ object are each a one-line :class:`UserError` naming the file and the line. Blan
 The one allowed difference is the last line of a file rlkit appends to while it runs (metrics, records
 written as they finish): a kill or a full disk can leave it torn, without its newline. ``torn_tail``
 says what to do with such a line: ``"error"`` (the default, for inputs), ``"drop"`` it with a warning,
-or ``"cut"`` it off the file too, so that appending continues on a clean line.
+or ``"cut"`` it off the file too, so that appending continues on a clean line. :func:`append_whole` is how rlkit
+appends: a line the disk refuses is cut back off, so the file keeps whole lines only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -87,3 +89,15 @@ def _parse(path: Path, number: int, line: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UserError(f"{path}: line {number} is a JSON {type(value).__name__}, not an object")
     return value
+
+
+def append_whole(fd: int, data: bytes) -> None:
+    """Append ``data`` to the open file ``fd`` whole or not at all: a write the disk refuses (full) is cut back off,
+    so the file keeps whole lines only; the OSError is raised again."""
+    view, start = memoryview(data), os.lseek(fd, 0, os.SEEK_END)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        os.ftruncate(fd, start)
+        raise

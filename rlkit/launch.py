@@ -287,6 +287,14 @@ def install_rank_filter(logger: logging.Logger | None = None) -> RankFilter | No
     return rank_filter
 
 
+def barrier() -> None:
+    """Wait for every process (a no-op for one)."""
+    if rank_info()[2] > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
+
+
 def _cuda_available() -> bool:
     import torch
 

@@ -4,10 +4,12 @@ The tool is the training environment's own: the server builds the ``retrieval`` 
 training does (the ``retrieval:`` section's corpus, chunking, method and ``top_k``, the cached index, and
 the task's tool description) and serves its ``search`` method. The MCP tool's name, description and input
 schema are ``transformers.utils.get_json_schema`` of that method, the JSON the chat template shows the
-model in training, and a call returns the text the method returns. A refused call (an empty query) is
-an MCP tool error (``isError``) carrying the exception's message; an MCP client such as ``env: {name:
-mcp}`` turns it back into the ``{'error': ...}`` text TRL gives the model. So an agent evaluated through
-MCP sees what it was trained on.
+model in training, and a call returns the text the method returns. Its arguments are checked against that
+schema first, by the same code as in training (:mod:`rlkit.envs.arguments`): a wrong type, a missing or unknown
+argument or an oversized query, like an empty query, is an MCP tool error (``isError``) carrying one line for the
+model (``query must be a string, not an integer``), never a traceback or a protocol error; an MCP client such as
+``env: {name: mcp}`` turns it back into the ``{'error': ...}`` text TRL gives the model. So an agent evaluated
+through MCP sees what it was trained on.
 
 stdio by default (an MCP client launches the command); ``--http HOST:PORT`` serves streamable HTTP at
 ``http://HOST:PORT/mcp``. Logs go to stderr: stdout is the protocol's in stdio mode.
@@ -74,7 +76,7 @@ def build_server(env: Any) -> Any:
             return _error(f"Tool {params.name} not found; available tools: {tool.name}")
         try:
             text = await anyio.to_thread.run_sync(search, dict(params.arguments or {}))
-        except (TypeError, ValueError) as e:  # bad arguments or an empty query: the model's mistake, told back
+        except ValueError as e:  # arguments off the schema, an empty query: the model's mistake, told back
             return _error(str(e))
         return types.CallToolResult(content=[types.TextContent(text=text)])
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import subprocess
 from importlib import metadata
@@ -24,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from rlkit import storage
 from rlkit.errors import UserError
 
 log = logging.getLogger("rlkit")
@@ -157,7 +159,8 @@ def checkpoint_callback(keep: int | None = None) -> Any:
                 return
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if path.is_dir():
-                (path / COMPLETE).write_text(json.dumps({"step": state.global_step, "max_steps": state.max_steps}))
+                with storage.writing("the checkpoint's completion mark", path / COMPLETE):
+                    (path / COMPLETE).write_text(json.dumps({"step": state.global_step, "max_steps": state.max_steps}))
             if keep:
                 best = Path(state.best_model_checkpoint).resolve() if state.best_model_checkpoint else None
                 complete = checkpoints(Path(args.output_dir).parent)
@@ -194,7 +197,8 @@ def write_resolved(run_dir: Path, recipe: dict[str, Any], provenance: dict[str, 
 
     doc = scrub({**recipe, "provenance": {**provenance, "versions": versions(), "git_sha": git_sha()}})
     if write:
-        (run_dir / RESOLVED).write_text(yaml.safe_dump(doc, sort_keys=False))
+        with storage.writing("the resolved recipe", run_dir / RESOLVED):
+            (run_dir / RESOLVED).write_text(yaml.safe_dump(doc, sort_keys=False))
     return doc
 
 
@@ -204,7 +208,8 @@ def write_trainer_config(run_dir: Path, args: Any) -> dict[str, Any]:
     from rlkit.secrets import redact, scrub
 
     doc = scrub(json.loads(json.dumps(args.to_dict(), default=str)))
-    (run_dir / TRAINER_CONFIG).write_text(redact(json.dumps(doc, indent=2, sort_keys=True)) + "\n")
+    with storage.writing("the trainer config", run_dir / TRAINER_CONFIG):
+        (run_dir / TRAINER_CONFIG).write_text(redact(json.dumps(doc, indent=2, sort_keys=True)) + "\n")
     return doc
 
 
@@ -252,8 +257,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def metrics_callback(run_dir: Path):
-    """A TrainerCallback appending each of TRL's log dicts to ``metrics.jsonl``."""
+    """A TrainerCallback appending each of TRL's log dicts to ``metrics.jsonl``, a line whole or not at all."""
     from transformers import TrainerCallback
+
+    from rlkit.jsonl import append_whole
 
     path = run_dir / METRICS
 
@@ -264,8 +271,12 @@ def metrics_callback(run_dir: Path):
             if state.is_world_process_zero:
                 row = {"step": state.global_step, "epoch": state.epoch,
                        **{k: _jsonable(v) for k, v in logs.items()}}
-                with path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                with storage.writing("the metrics log", path):
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                    try:
+                        append_whole(fd, (json.dumps(row) + "\n").encode())
+                    finally:
+                        os.close(fd)
             _stop_on_non_finite(logs, state.global_step)  # every rank: they stop together
 
     return MetricsJsonl()

@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlkit.errors import UserError
-from rlkit.jsonl import read_records
+from rlkit.errors import StorageError, UserError
+from rlkit.jsonl import append_whole, read_records
 
 log = logging.getLogger("rlkit")
 
@@ -141,14 +141,23 @@ def check_replaceable_file(path: str | Path, flag: str, keys: Iterable[str]) -> 
     return path
 
 
+# The disk's state, not the command's (a StorageError, exit code 74, wherever it happens): why, and what makes it
+# take writes again.
+STORAGE_FAULTS = {errno.ENOSPC: ("no space left on the device", "free space"),
+                  errno.EDQUOT: ("disk quota exceeded", "free space"),
+                  errno.EROFS: ("read-only file system", "make the file system writable"),
+                  errno.EFBIG: ("file too large for the file system or ulimit -f", "write elsewhere, or raise it")}
+
+
 def os_error(error: OSError, path: Path) -> UserError:
     """A one-line error for what the file system refused (read-only, full, a file in the way)."""
-    reasons = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system",
-               errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-               errno.ENOTDIR: "a file is in the way of a directory", errno.EEXIST: "exists and is not a directory",
-               errno.EDQUOT: "disk quota exceeded"}
-    reason = reasons.get(error.errno, error.strerror or str(error))
-    return UserError(f"{error.filename or path}: cannot write: {reason}")
+    if error.errno in STORAGE_FAULTS:
+        reason, fix = STORAGE_FAULTS[error.errno]
+        return StorageError(f"{error.filename or path}: cannot write: {reason}", fix)
+    reasons = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+               errno.ENOTDIR: "a file is in the way of a directory", errno.EEXIST: "exists and is not a directory"}
+    return UserError(f"{error.filename or path}: cannot write: {reasons.get(error.errno, error.strerror or error)}")
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,13 +258,9 @@ class JsonlAppender:
     def write(self, record: dict[str, Any]) -> None:
         """Append one line with unbuffered writes: nothing waits in a buffer for a kill to lose, and a
         write the disk refuses (full) is cut back off, so the file holds whole lines only."""
-        data = memoryview((dumps(record) + "\n").encode("utf-8"))
-        start = os.lseek(self._fd, 0, os.SEEK_END)
         try:
-            while data:
-                data = data[os.write(self._fd, data):]
+            append_whole(self._fd, (dumps(record) + "\n").encode("utf-8"))
         except OSError as e:
-            os.ftruncate(self._fd, start)
             raise os_error(e, self.path) from None
         self.written += 1
 

@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit import backends, compat, cpu_memory, handoff, progress, report, runs, safety, secrets, tracking
+from rlkit import backends, compat, cpu_memory, handoff, progress, report, runs, safety, secrets, storage, tracking
 from rlkit.backends import backend_request, cuda_available
 from rlkit.backends.hf import loaded_base
-from rlkit.errors import Interrupted, UserError
+from rlkit.errors import Interrupted, StorageError, UserError
 from rlkit.evaluate.during import agent_eval_callback
-from rlkit.launch import is_main_process, rank_info
+from rlkit.launch import barrier, is_main_process, rank_info
 from rlkit.recipe import Recipe, load_recipe
 from rlkit.tiny import resolve_model_id
 from rlkit.trainers import BUILDERS, trainer_config
@@ -99,12 +99,15 @@ def train(
         try:
             return _run(recipe, config, run_dir, backend, smoke, str(recipe_path), checkpoint, shlex.join(again),
                         max_minutes)
-        except UserError:
-            if main and not runs.checkpoints(run_dir) and (run_dir / safety.MARKER).is_file():
+        except UserError as e:
+            removed = main and not runs.checkpoints(run_dir) and (run_dir / safety.MARKER).is_file()
+            if removed:
                 shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written blocks a retry
                 for parent in created[1:]:
                     if parent.is_dir() and not any(parent.iterdir()):
                         parent.rmdir()
+            if isinstance(e, StorageError):  # a full disk: what was kept, and the command that goes on
+                raise storage.explain(e, again, runs.checkpoints(run_dir), removed) from e
             raise
 
 
@@ -159,7 +162,7 @@ def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str,
     state, main = trainer.state, is_main_process()
     if stop.signum is not None and state.global_step < state.max_steps:
         if main:
-            _report(run_dir)
+            _report(run_dir, done=False)
         saved = runs.checkpoints(run_dir)
         where = f"checkpoint saved in {saved[-1]}" if saved else "no checkpoint was saved"
         name = signal.Signals(stop.signum).name
@@ -168,7 +171,7 @@ def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str,
             then = f"PPO cannot resume; continue from the checkpoint's adapter with --set init_from={saved[-1]}"
         raise Interrupted(f"{name}: stopped at step {state.global_step}/{state.max_steps}; {where}; {then}",
                           128 + stop.signum)
-    _save_adapter(trainer, tokenizer, run_dir / "adapter", main)
+    storage.save_adapter(trainer, tokenizer, run_dir / "adapter", main)
     if not main:
         return run_dir
     log.info("done in %.1fs: adapter in %s", time.time() - started, run_dir / "adapter")
@@ -178,43 +181,18 @@ def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str,
     return run_dir
 
 
-def _save_adapter(trainer: Any, tokenizer: Any, adapter: Path, main: bool = True) -> None:
-    """Save the final adapter whole or not at all.
-
-    Every rank calls ``save_model`` (ZeRO-3 and FSDP gather the weights there); transformers lets rank 0
-    alone write, and rank 0 alone moves the result into place.
-    """
-    partial = adapter.with_name(f".{adapter.name}.partial")
-    if main:
-        shutil.rmtree(partial, ignore_errors=True)
-    barrier()
-    trainer.save_model(str(partial))
-    barrier()
-    if main:
-        # Continuing from init_from with a KL reference, TRL keeps a frozen copy of the starting adapter
-        # named "ref", and PEFT saves every adapter: the run's adapter is the trained one alone.
-        shutil.rmtree(compat.peft_saved_adapter_dir(partial, "ref"), ignore_errors=True)
-        tokenizer.save_pretrained(str(partial))
-        shutil.rmtree(adapter, ignore_errors=True)
-        os.replace(partial, adapter)
-    barrier()
-
-
-def barrier() -> None:
-    """Wait for every process (a no-op for one)."""
-    if rank_info()[2] > 1:
-        from accelerate import PartialState
-
-        PartialState().wait_for_everyone()
-
-
-def _report(run_dir: Path) -> None:
+def _report(run_dir: Path, done: bool = True) -> None:
     """Plots and report.md (unless ``RLKIT_NO_REPORT=1``); a plotting failure is logged, never fails the run."""
     if not report.wanted():
         return
+    then = f"draw it with: rlkit report {shlex.quote(str(run_dir))} (the run itself is complete: its adapter is in " \
+           f"{run_dir / 'adapter'})" if done else None  # an interrupted run: resume from its checkpoint
     try:
-        summary = report.write_report(run_dir)
+        with storage.writing("the report", run_dir / report.REPORT, then=then):
+            summary = report.write_report(run_dir)
         log.info("report: %s (%d plots in %s)", summary["report"], len(summary["plots"]), run_dir / "plots")
+    except StorageError:
+        raise
     except UserError as e:
         log.warning("no report: %s", e)
     except Exception:
@@ -222,7 +200,8 @@ def _report(run_dir: Path) -> None:
 
 
 class _Stopped(Exception):
-    """Raised from the callback once the checkpoint asked for by a signal is saved."""
+    """Raised from a callback to leave the trainer's loop: once the checkpoint a signal asked for is saved, or at
+    once in a run resumed at its last step."""
 
 
 def _time_limit(minutes: float) -> Any:
@@ -266,6 +245,12 @@ def _stop_on_signal() -> Any:
             if self.signum is not None:
                 control.should_save = True
                 control.should_training_stop = True
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if 0 < state.max_steps <= state.global_step:
+                # Resumed from the final step's checkpoint (its adapter could not be written): transformers would
+                # train one step past max_steps; the weights it loaded are the run's, so save them as they are.
+                raise _Stopped
 
         def on_save(self, args, state, control, **kwargs):
             if self.signum is not None:
@@ -341,6 +326,7 @@ def build_trainer(recipe: Recipe, run_dir: Path, *, smoke: bool = False, source:
                  args.device, len(train_ds), extra={"all_ranks": True})
     trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args,
                          [runs.metrics_callback(run_dir), runs.checkpoint_callback(keep)])
+    storage.guard_checkpoints(trainer)  # a full disk during a save: one line, the half-written checkpoint removed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(ProgressCallback)  # rlkit's bar (or log line per step) replaces tqdm's

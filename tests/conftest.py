@@ -99,3 +99,25 @@ def smollm2_dir():
     if find_wheel() is None:
         pytest.skip(f"{WHEEL} is not on this machine (`make install` fetches it from the package index)")
     return smollm2_path()
+
+
+@pytest.fixture()
+def mount(tmp_path):
+    """``mount(name, options)``: a real tmpfs at ``tmp_path/name`` (``size=64k``, ``ro,size=64k``) for the tests of full
+    and read-only file systems; the test is skipped where mounting is refused (not root)."""
+    import subprocess
+
+    mounted = []
+
+    def make(name: str, options: str) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip() or done.returncode})")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)

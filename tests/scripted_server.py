@@ -3,7 +3,8 @@
 It speaks the real protocol over real HTTP (``GET /v1/models``, ``POST /v1/chat/completions``) so
 rlkit's endpoint policy is exercised through the ``openai`` client exactly as against vLLM or a
 hosted teacher. ``reply(request) -> dict`` returns either an assistant message (``content`` and/or
-``tool_calls`` with ``name`` and ``arguments`` dict), ``{"status": 500}`` for an HTTP error,
+``tool_calls`` with ``name`` and ``arguments`` dict), ``{"status": 500}`` for an HTTP error (``"headers":
+{"Retry-After": "1"}`` adds response headers),
 ``{"sleep": seconds, ...}`` to answer late, or ``{"trickle": seconds, ...}`` to send the answer one byte
 every ``seconds`` (a server that never times out a read), or ``{"raw": text, "content_type": ...}`` to send a
 body that is not a chat completion (an HTML error page: ``text/html``; broken JSON: ``application/json``). Like vLLM, it answers 404 to a request for a
@@ -64,16 +65,18 @@ class ScriptedServer:
                     return
                 if script.get("status", 200) != 200:
                     self._send(script["status"], {"error": {"message": script.get("message", "scripted failure"),
-                                                           "type": "server_error"}})
+                                                           "type": "server_error"}}, headers=script.get("headers"))
                     return
                 self._send(200, server.completion(body, script), trickle=script.get("trickle"))
 
             def _send(self, status: int, payload: dict[str, Any] | str, trickle: float | None = None,
-                      content_type: str = "application/json") -> None:
+                      content_type: str = "application/json", headers: dict[str, str] | None = None) -> None:
                 data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", content_type)
+                    for name, value in (headers or {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     if trickle:

@@ -49,6 +49,51 @@ def test_grpo_with_calculator_masks_exactly_the_tool_result_and_rewards_reach_th
     assert any(not torch.equal(before[n], after[n]) for n in before), "the LoRA did not train"
 
 
+MALFORMED_CALLS = [  # what a model writes, and what TRL shows it back (issue 49: no Python internals)
+    ({"expression": 12}, "expression must be a string, not an integer"),
+    ({"expression": None}, "expression must be a string, not null"),
+    ({}, "missing argument expression; calculate takes: expression"),
+    ({"expr": "1 + 1"}, "unknown argument 'expr'; calculate takes: expression"),
+]
+
+
+def test_grpo_malformed_tool_calls_read_as_one_line_and_earn_what_a_failed_call_earns(tmp_path):
+    """Every first turn calls the calculator with arguments off its schema; the second answers (half right).
+    Training goes on, TRL counts each as a failed call, and the model reads why in one line."""
+    from rlkit.train import build_trainer
+    from tests.helpers import script_and_capture
+
+    recipe = load_recipe(CALCULATOR, ["trainer.max_steps=2"], smoke=True)
+    trainer, tok = build_trainer(recipe, tmp_path, smoke=True)
+    golds, turns = _golds(32, seed=0), {"first": 0, "second": 0}
+
+    def scripted(prompt_ids, *args, **kwargs):
+        completions = []
+        for ids in prompt_ids:
+            text = tok.decode(ids)
+            if "<tool_response>" not in text:
+                arguments = MALFORMED_CALLS[turns["first"] % len(MALFORMED_CALLS)][0]
+                turns["first"] += 1
+                reply = f"<tool_call>\n{json.dumps({'name': 'calculate', 'arguments': arguments})}\n</tool_call>"
+            else:
+                gold = next(g for q, g in golds.items() if q in text)
+                turns["second"] += 1
+                reply = f"#### {int(gold) + turns['second'] % 2}"
+            completions.append(tok(reply + "<|im_end|>", add_special_tokens=False)["input_ids"])
+        return completions, None
+
+    batches = script_and_capture(trainer, scripted)
+    trainer.train()
+    shown = [result for _, _, result in episodes_by_mask(tok, batches)]
+    assert len(shown) == 8 and set(shown) == {str({"error": message}) for _, message in MALFORMED_CALLS}
+    logged = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
+    assert len(logged) == 2
+    for row in logged:
+        assert row["tools/call_frequency"] == pytest.approx(1.0) and row["tools/failure_frequency"] == 1.0
+        assert row["rewards/gsm8k_correct/mean"] == pytest.approx(0.5)  # what the answers earn, as for any failed call
+        assert row["env/calls"] == 0.0  # the calculator itself never ran
+
+
 def _teacher(golds, fail=(), wrong=(), divide_by_zero=()):
     """A calculator teacher: computes the gold with the tool, then answers (or fails as told)."""
 

@@ -188,6 +188,53 @@ def test_transformers_qwen2_pretokenize_regex():
 # --- bitsandbytes ---------------------------------------------------------------------------------
 
 
+def test_transformers_saves_each_checkpoint_through_the_wrappable_save_checkpoint():
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer._maybe_log_save_evaluate)
+    canary("self._save_checkpoint(model, trial)" in source, "transformers",
+           "Trainer._maybe_log_save_evaluate no longer saves a checkpoint through self._save_checkpoint(model, trial)")
+    trainer = type("T", (), {"_save_checkpoint": lambda self, model, trial: ("saved", model)})()
+    compat.wrap_checkpoint_save(trainer, lambda save: lambda model, trial: ("wrapped", save(model, trial)))
+    assert trainer._save_checkpoint("m", None) == ("wrapped", ("saved", "m"))
+
+
+_SHORT_WRITE = """
+import resource, signal, sys, torch
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+try:
+    torch.save({"weights": torch.zeros(1 << 18)}, sys.argv[1])
+except RuntimeError as e:
+    print(e)
+"""
+
+
+def test_torch_save_cut_short_raises_what_rlkit_recognises(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SHORT_WRITE, str(tmp_path / "optimizer.pt")], capture_output=True,
+                          text=True, timeout=300)
+    message = done.stdout.strip()
+    canary(bool(message) and compat.torch_write_failed(RuntimeError(message)), "torch",
+           f"torch.save whose writes are refused now ends with {message or done.stderr[-300:]!r}")
+    assert not compat.torch_write_failed(RuntimeError("a bug")) and not compat.torch_write_failed(OSError(28, "x"))
+
+
+def test_safetensors_errors_carry_the_errno(tmp_path):
+    import errno
+
+    import torch
+    from safetensors.torch import save_file
+
+    with pytest.raises(Exception) as raised:
+        save_file({"weights": torch.zeros(4)}, str(tmp_path / "missing" / "adapter_model.safetensors"))
+    canary(compat.safetensors_errno(raised.value) == errno.ENOENT, "safetensors",
+           f"a failed write no longer reads '(os error N)': {raised.value!r}")
+    assert compat.safetensors_errno(OSError(28, "x")) is None
+
+
 def test_bitsandbytes_cpu_bf16_packing_switch():
     import torch
     from bitsandbytes.nn import Linear4bit

@@ -21,19 +21,21 @@ from rlkit.envs import (
     tool_schemas,
     tools_of,
 )
-from rlkit.envs.calculator import CalculatorEnv, CalculatorError, evaluate
+from rlkit.envs.arguments import MAX_CHARS, ToolArgumentError
+from rlkit.envs.calculator import MAX_LENGTH, CalculatorEnv, CalculatorError, evaluate
 from rlkit.errors import UserError
 from rlkit.recipe import EnvSpec
 
 FAST = 0.5  # seconds: a hostile expression must be refused within this
 
 
-def timed_calculate(expression):
-    """(result or CalculatorError, seconds); any other exception propagates and fails the test."""
+def timed_calculate(expression, tool=True):
+    """(result or the refusal, seconds) of the calculator tool (``tool=False``: of ``evaluate``, past the tool's
+    argument check); any other exception propagates and fails the test."""
     start = time.perf_counter()
     try:
-        outcome = CalculatorEnv().calculate(expression)
-    except CalculatorError as e:
+        outcome = CalculatorEnv().calculate(expression) if tool else evaluate(expression)
+    except (CalculatorError, ToolArgumentError) as e:  # past MAX_LENGTH, the tool's schema refuses it first
         outcome = e
     return outcome, time.perf_counter() - start
 
@@ -152,15 +154,17 @@ HOSTILE = [
 def test_calculator_refuses_hostile_input(expression, message, tmp_path):
     sentinel = tmp_path / "injected"
     outcome, seconds = timed_calculate(expression.replace("{sentinel}", str(sentinel)))
-    assert isinstance(outcome, CalculatorError)
+    assert isinstance(outcome, CalculatorError | ToolArgumentError)
     assert message in str(outcome)
     assert seconds < FAST
     assert not sentinel.exists()
 
 
 def test_calculator_refuses_non_strings():
-    with pytest.raises(CalculatorError, match="must be a string"):
+    with pytest.raises(ToolArgumentError, match="^expression must be a string, not an integer$"):
         CalculatorEnv().calculate(42)
+    with pytest.raises(CalculatorError, match="must be a string"):
+        evaluate(42)  # the evaluator's own check, for Python callers
 
 
 @pytest.mark.parametrize("expression", [
@@ -171,7 +175,7 @@ def test_calculator_refuses_non_strings():
 ])
 def test_bounds_hold_without_the_length_limit(expression, monkeypatch):
     monkeypatch.setattr(rlkit.envs.calculator, "MAX_LENGTH", 10**6)
-    outcome, seconds = timed_calculate(expression)
+    outcome, seconds = timed_calculate(expression, tool=False)
     assert isinstance(outcome, CalculatorError)
     assert seconds < FAST
 
@@ -180,7 +184,7 @@ def test_bounds_hold_without_the_length_limit(expression, monkeypatch):
 @given(st.text(max_size=250) | st.text(alphabet="0123456789.,+-*/%^()e ×÷", max_size=250))
 def test_arbitrary_text_never_crashes_or_hangs(text):
     outcome, seconds = timed_calculate(text)
-    assert isinstance(outcome, str | CalculatorError)
+    assert isinstance(outcome, str | CalculatorError | ToolArgumentError)
     assert seconds < FAST
 
 
@@ -213,7 +217,7 @@ def test_generated_arithmetic_matches_python(expression):
 @given(st.lists(st.integers(2, 10**6).map(str) | st.sampled_from(["1e300", "0.5", "-9"]), min_size=2, max_size=12))
 def test_power_towers_are_refused_quickly(operands):
     outcome, seconds = timed_calculate("**".join(operands))
-    assert isinstance(outcome, str | CalculatorError)
+    assert isinstance(outcome, str | CalculatorError | ToolArgumentError)
     assert seconds < FAST
 
 
@@ -348,8 +352,8 @@ def test_call_tool_success_with_json_or_dict_arguments():
     ("calculate", '{"expression": ', "tool arguments are not valid JSON: Expecting value: line 1 column 16 (char 15)"),
     ("calculate", "[1, 2]", "tool arguments must be a JSON object, got list"),
     ("calc", {"expression": "1"}, "Tool calc not found; available tools: calculate"),
-    ("calculate", {"expr": "1"}, "CalculatorEnv.calculate() got an unexpected keyword argument 'expr'"),
-    ("calculate", "", "CalculatorEnv.calculate() missing 1 required positional argument: 'expression'"),
+    ("calculate", {"expr": "1"}, "unknown argument 'expr'; calculate takes: expression"),
+    ("calculate", "", "missing argument expression; calculate takes: expression"),
     ("calculate", {"expression": "1/0"}, "division by zero"),
 ])
 def test_call_tool_failures_read_like_trl(name, arguments, error):
@@ -381,3 +385,58 @@ def test_env_metrics_is_a_copy():
     metrics["calls"] = 99
     assert env.metrics["calls"] == 0
     assert env_metrics(object()) == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments off the tool's schema (issue 49): one line for the model, never a Python internal
+
+
+MALFORMED = [  # (arguments, the error the model reads, with {arg} the tool's argument and {tool} its name)
+    ({"{arg}": 5}, "{arg} must be a string, not an integer"),
+    ({"{arg}": None}, "{arg} must be a string, not null"),
+    ({"{arg}": ["a", "b"]}, "{arg} must be a string, not an array"),
+    ({"{arg}": {"text": "a"}}, "{arg} must be a string, not an object"),
+    ({"{arg}": True}, "{arg} must be a string, not a boolean"),
+    ({"{arg}": 2.5}, "{arg} must be a string, not a number"),
+    ({}, "missing argument {arg}; {tool} takes: {arg}"),
+    ({"{arg}": "1", "top_k": 3}, "unknown argument 'top_k'; {tool} takes: {arg}"),
+    ({"{arg}": "1" * 100_000}, "{arg} too long (100000 characters, limit {limit})"),
+]
+
+
+@pytest.fixture(scope="module")
+def search_env(tmp_path_factory, tiny_model_dir):
+    from rlkit.envs.retrieval import RetrievalEnv
+    from rlkit.recipe import RetrievalSpec
+    from rlkit.retrieval import build_retriever
+
+    spec = RetrievalSpec(synthetic=8, tokenizer=str(tiny_model_dir), cache_dir=str(tmp_path_factory.mktemp("index")))
+    return RetrievalEnv(build_retriever(spec, show_progress=False), description="Search the test articles.")
+
+
+@pytest.mark.parametrize("arguments,error", MALFORMED, ids=[e.split(" ", 2)[1] + str(i) for i, (_, e) in
+                                                             enumerate(MALFORMED)])
+def test_malformed_tool_calls_are_one_line_the_model_can_read(arguments, error, search_env):
+    search_env.reset()
+    for env, tool, arg, limit in ((CalculatorEnv(), "calculate", "expression", MAX_LENGTH),
+                                  (search_env, "search", "query", MAX_CHARS)):
+        sent = {k.replace("{arg}", arg): v for k, v in arguments.items()}
+        want = error.format(arg=arg, tool=tool, limit=limit)
+        result = call_tool(env, tool, sent)
+        assert (result.error, result.content) == (want, str({"error": want}))
+        with pytest.raises(ToolArgumentError) as raised:  # what TRL's tool loop catches and shows the model
+            getattr(env, tool)(**sent)
+        assert str(raised.value) == want
+    assert search_env.metrics["searches"] == 0  # nothing malformed reached the index
+    assert call_tool(search_env, "search", {"query": "the"}).error is None  # and the tool still serves
+
+
+def test_a_described_search_keeps_its_schema_and_its_checks(search_env):
+    from transformers.utils import get_json_schema
+
+    from rlkit.envs.retrieval import RetrievalEnv
+
+    shown = get_json_schema(search_env.search)["function"]
+    assert shown["description"] == "Search the test articles."
+    assert shown["parameters"] == get_json_schema(RetrievalEnv.search)["function"]["parameters"]
+    assert call_tool(search_env, "search", '{"query": 7}').error == "query must be a string, not an integer"

@@ -223,7 +223,7 @@ def test_rank_scores_each_group_relative_to_itself(tmp_path):
 
 @pytest.fixture
 def judge_recipe(tmp_path):
-    def write(server_url: str) -> str:
+    def write(server_url: str, more_args: str = "", more_rewards: str = "") -> str:
         path = tmp_path / "judge_grpo.yaml"
         path.write_text(f"""
 name: judge_grpo
@@ -236,7 +236,8 @@ data:
 rewards:
   - name: judge
     args: {{endpoint: "{server_url}", model: {MODEL}, api_key_env: TEST_JUDGE_KEY, graded: true,
-            cache: "{tmp_path / 'cache.jsonl'}"}}
+            cache: "{tmp_path / 'cache.jsonl'}"{more_args}}}
+{more_rewards}
 trainer: {{learning_rate: 1.0e-2, max_steps: 2, num_generations: 4, per_device_train_batch_size: 8,
           max_completion_length: 16, temperature: 1.0, logging_steps: 1, save_steps: 2, seed: 0, report_to: none}}
 """)
@@ -394,3 +395,139 @@ def test_garbage_text_reaches_the_judge_intact(tmp_path):
         assert ranked(prompts=["same"] * 4, completions=completions) == [None] * 4  # "VERDICT" is not JSON scores
     assert any("Response:\n{0} {question} }{\n" in text for text in seen)
     assert any("Reference answer: {x}" in text for text in seen)
+
+
+# ---------------------------------------------------------------------------------------------
+# A judge that misbehaves (issue 49): slow, 429 with Retry-After, 5xx, broken JSON, scores out of range
+
+
+FAULTS = {  # what the judge sends instead of an answer; `always`: every try of that request fails
+    "timeout": {"sleep": 12.0, "content": "SCORE: 1"},  # past the tests' 10 s deadline, generous for a loaded machine
+    "rate_limited": {"status": 429, "headers": {"Retry-After": "2"}, "message": "Rate limit reached"},
+    "server_error": {"status": 500},
+    "rejected": {"status": 422},
+    "bad_body": {"raw": "{not json", "content_type": "application/json"},
+    "out_of_range": {"content": "Very good.\nSCORE: 7"},
+    "malformed": {"content": "Looks fine to me."},
+    "always": {"status": 503},
+}
+
+
+class Flaky:
+    """A scripted judge answering "SCORE: 1", except that each new request (its text) is given a fault of FAULTS in
+    turn for its first try (`always`: for every try). Thread-safe; keeps what it served by fault and when."""
+
+    def __init__(self, faults=tuple(FAULTS)):
+        self.faults, self.lock = faults, threading.Lock()
+        self.assigned: dict[str, str | None] = {}
+        self.served: dict[str, int] = dict.fromkeys(FAULTS, 0)
+        self.times: dict[str, list[float]] = {}
+
+    def __call__(self, body: dict) -> dict:
+        text = body["messages"][-1]["content"]
+        with self.lock:
+            first = text not in self.assigned
+            if first:
+                self.assigned[text] = self.faults[len(self.assigned) % len(self.faults)]
+            self.times.setdefault(text, []).append(time.monotonic())
+            fault = self.assigned[text]
+            if fault is not None and (first or fault == "always"):
+                self.served[fault] += 1
+                return FAULTS[fault]
+        return {"content": "SCORE: 1"}
+
+    def tries(self) -> dict[str, int]:
+        """The failed tries the client should count, by its kinds (`always` is a 5xx)."""
+        counts = {k: n for k, n in self.served.items() if k != "always"}
+        counts["server_error"] += self.served["always"]
+        return counts
+
+
+def test_each_kind_of_judge_failure_is_retried_and_counted_and_a_429_waits_its_retry_after(tmp_path):
+    flaky = Flaky(faults=[k for k in FAULTS if k != "always"])
+    completions = [f"#### {i}" for i in range(len(flaky.faults))]
+    with ScriptedServer(flaky, model=MODEL) as server:
+        reward = resolve_reward("judge", args(server, tmp_path, graded=True, timeout=10.0, max_retries=2, cache=False))
+        logged: list = []
+        values = call(reward, completions, [str(i) for i in range(len(completions))],
+                      log_metric=lambda k, v: logged.append((k, v)))
+    assert values == [1.0] * len(completions)  # each fault was retried, then scored
+    metrics = dict(logged)
+    assert {k: metrics[f"judge/errors/{k}"] for k in flaky.faults} == dict.fromkeys(flaky.faults, 1)
+    assert metrics["judge/errors/connection"] == 0 and metrics["judge/skipped"] == 0
+    assert (metrics["judge/requests"], metrics["judge/retries"], metrics["judge/failures"]) == (14, 7, 0)
+    limited = next(t for text, t in flaky.times.items() if flaky.assigned[text] == "rate_limited")
+    assert limited[1] - limited[0] >= 2.0  # its Retry-After: 2, not the first retry's 0.5 s backoff
+
+
+def test_the_cache_never_serves_a_malformed_answer(tmp_path):
+    from rlkit.rewards import judge_client
+
+    cache = tmp_path / "judge-cache.jsonl"
+    completions, answers = [f"#### {i}" for i in range(4)], ["0", "1", "2", "3"]
+    with ScriptedServer(lambda body: {"content": "SCORE: 0.5"}, model=MODEL) as server:
+        assert call(resolve_reward("judge", args(server, tmp_path, graded=True)), completions, answers) == [0.5] * 4
+    records = [json.loads(line) for line in cache.read_text().splitlines()]
+    records[0] |= {"value": 7.0, "reply": "SCORE: 7"}  # a score outside [0, 1]
+    records[1] |= {"value": 0.9, "reply": "no score here"}  # a reply the parser rejects, whatever the value says
+    records[2] = {"key": records[2]["key"], "value": "garbage"}  # no reply to parse (an older rlkit's record)
+    cache.write_text("".join(json.dumps(r) + "\n" for r in records))
+    judge_client._LOADED.pop(cache, None)  # read once per process: as a new run would read it
+    with ScriptedServer(lambda body: {"content": "SCORE: 1"}, model=MODEL) as server:
+        assert call(resolve_reward("judge", args(server, tmp_path, graded=True)), completions, answers) == [
+            1.0, 1.0, 1.0, 0.5]  # the three asked again; the sound record served
+        assert len(server.requests) == 3
+
+
+def _judge_table(report: str) -> dict[str, float]:
+    lines = report.split("## Judge requests", 1)[1].strip().splitlines()
+    header, row = (line.strip("|").split("|") for line in (lines[2], lines[4]))
+    return {h.strip(): float(v) for h, v in zip(header[1:], row[1:], strict=True)}
+
+
+@pytest.mark.report
+@pytest.mark.timeout(1200)  # a GRPO run: minutes on a 2-core machine shared with other jobs
+def test_a_grpo_run_against_a_misbehaving_judge_finishes_and_its_report_counts_each_failure(
+        tmp_path, judge_recipe, monkeypatch):
+    """Each new request's first try gets one of the faults in turn, and every eighth request fails every try: the
+    run finishes, those completions are shown as skipped (their judge reward None, never a 0 of the judge's), the
+    report counts each kind of failed try as the server served it, and nothing malformed reached the cache."""
+    from rlkit.train import train
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    flaky = Flaky()
+    with ScriptedServer(flaky, model=MODEL) as server:
+        recipe = judge_recipe(server.url, ", timeout: 10.0, max_retries: 2, on_failure: skip, concurrency: 8",
+                              "  - {name: answer_format, weight: 0.5}")
+        run = train(recipe, output_dir=tmp_path / "run", doctor=False)
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "judge/requests" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    always = flaky.served["always"] // 3  # requests that failed all three tries
+    assert always >= 1 and sum(r["judge/skipped"] for r in rows) == sum(r["judge/failures"] for r in rows) == always
+    assert all(r["rewards/judge/mean"] == 1.0 for r in rows)  # the skipped ones are not in the mean as 0s
+    table = _judge_table((run / "report.md").read_text())
+    tries = flaky.tries()
+    assert {k: table[f"failed tries: {k}"] for k in tries} == tries
+    assert table["requests"] == len(server.requests) and table["failures"] == table["skipped"] == always
+    assert table["retries"] == sum(tries.values()) - always  # every failed try is retried but a request's last
+    cached = [json.loads(line) for line in (tmp_path / "cache.jsonl").read_text().splitlines()]
+    assert cached and all(r["reply"] == "SCORE: 1" and r["value"] == 1.0 for r in cached)
+
+
+@pytest.mark.timeout(1200)
+def test_a_judge_that_fails_during_a_grpo_run_under_stop_ends_it_in_one_line(tmp_path, judge_recipe, capsys,
+                                                                             monkeypatch):
+    from tests.test_bad_input import run_cli
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-x")
+    with ScriptedServer(lambda body: {"status": 500}, model=MODEL) as server:
+        recipe = judge_recipe(server.url, ", timeout: 10.0, max_retries: 1")
+        code, err = run_cli(capsys, "train", recipe, "--no-doctor", "--output-dir", tmp_path / "run")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"rlkit: error: judge reward: 8 of 8 judge requests to {server.url} (model '{MODEL}') failed after 1 retries "
+        "(last: InternalServerError: Error code: 500 - scripted failure); failed tries: 16 server_error; stopped rather than pay those "
+        "completions 0. Check the judge server, raise `timeout`/`max_retries`, or set `on_failure: skip` (None for "
+        "them, which most callers count as 0: docs/agents.md)")
+    assert len(server.requests) == 16 and not (tmp_path / "run").exists()  # nothing half-written left behind

@@ -37,16 +37,16 @@ def _training_env(monkeypatch, cache):
     return search_env(load_recipe(MULTIHOP, [], smoke=True))
 
 
-async def _list_and_call(target, queries):
+async def _list_and_call(target, calls):
     from mcp import Client
 
     async with Client(target) as client:
         tools = (await client.list_tools()).tools
-        results = [await client.call_tool("search", {"query": q}) for q in queries]
+        results = [await client.call_tool("search", arguments) for arguments in calls]
     return tools, results
 
 
-def _check(tools, results, env, queries):
+def _check(tools, results, env, calls, stderr: str):
     from rlkit.mcp_serve import tool_of
 
     expected = tool_of(env)
@@ -54,25 +54,47 @@ def _check(tools, results, env, queries):
     assert tools[0].description == expected["description"]
     assert tools[0].input_schema == expected["parameters"]
     assert tools[0].meta == {"rlkit/returns": expected["return"]}
-    for query, result in zip(queries, results, strict=True):
-        if query.strip():
-            env.reset()
-            assert not result.is_error and result.content[0].text == env.search(query)
+    for arguments, result in zip(calls, results, strict=True):
+        if arguments in BAD_CALLS:  # the tool error the model reads; the server answered, and printed no traceback
+            assert result.is_error and result.content[0].text == BAD_CALLS[arguments], arguments
         else:
-            assert result.is_error and result.content[0].text == "empty query; give keywords to search for"
+            env.reset()
+            assert not result.is_error and result.content[0].text == env.search(**arguments)
+    assert "Traceback" not in stderr and "Error" not in stderr, stderr
 
 
-QUERIES = ["TechCrunch October 2023", "engineers Bogota", "  "]
+class Args(dict):
+    """A call's arguments, hashable so that BAD_CALLS can be keyed by them."""
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+
+# Issue 49: wrong types, missing or unknown arguments and an oversized query reached the index as Python errors
+# (`AttributeError: 'int' object has no attribute 'strip'`, a traceback on the server); now each is one line.
+BAD_CALLS = {
+    Args(query="  "): "empty query; give keywords to search for",
+    Args(query=5): "query must be a string, not an integer",
+    Args(query=None): "query must be a string, not null",
+    Args(query=["TechCrunch"]): "query must be a string, not an array",
+    Args(): "missing argument query; search takes: query",
+    Args(query="TechCrunch", top_k=50): "unknown argument 'top_k'; search takes: query",
+    Args(query="TechCrunch " * 1000): "query too long (11000 characters, limit 2000)",
+}
+CALLS = [Args(query="TechCrunch October 2023"), *BAD_CALLS, Args(query="engineers Bogota")]
 
 
 def test_serve_search_over_stdio_is_listed_and_called_by_an_mcp_client(tmp_path, monkeypatch):
+    import shlex
+
     from mcp import StdioServerParameters
 
     env = _training_env(monkeypatch, tmp_path / "cache")
-    command = _serve_command()
+    log = tmp_path / "server.stderr"
+    command = ["sh", "-c", f"exec {shlex.join(_serve_command())} 2>{shlex.quote(str(log))}"]
     params = StdioServerParameters(command=command[0], args=command[1:], env=_server_env(tmp_path / "cache"))
-    tools, results = anyio.run(_list_and_call, params, QUERIES)
-    _check(tools, results, env, QUERIES)
+    tools, results = anyio.run(_list_and_call, params, CALLS)
+    _check(tools, results, env, CALLS, log.read_text())
     assert "[1] " in results[0].content[0].text  # passages came back, not "No results."
 
 
@@ -96,11 +118,11 @@ def test_serve_search_over_streamable_http(tmp_path, monkeypatch):
             except OSError:
                 assert server.poll() is None and time.time() < deadline, server.stderr.read() if server.poll() else ""
                 time.sleep(0.2)
-        tools, results = anyio.run(_list_and_call, f"http://127.0.0.1:{port}/mcp", QUERIES)
+        tools, results = anyio.run(_list_and_call, f"http://127.0.0.1:{port}/mcp", CALLS)
     finally:
         server.terminate()
         server.wait(10)
-    _check(tools, results, env, QUERIES)
+    _check(tools, results, env, CALLS, server.stderr.read())
 
 
 def test_serve_search_refuses_bad_input_with_one_line(tmp_path):
@@ -155,8 +177,12 @@ def test_mcp_tools_become_env_methods_and_failures_are_tool_text(fresh_connectio
     assert slow.content == "{'error': 'timed out after 1s'}" and not slow.timed_out and slow.seconds < 2.5
     assert call_tool(env, "calculate", {"expression": "6*7"}).content == "42"  # the connection still serves
     assert call_tool(env, "nope", {}).error.startswith("Tool nope not found")
-    assert env.metrics == {"calls": 4.0, "errors": 2.0, "timeouts": 1.0}
-    assert [c["tool"] for c in env.calls] == ["calculate", "calculate", "sleep", "calculate"]
+    # Off the server's input schema: checked here as a built-in tool is, and never sent (issue 49).
+    assert call_tool(env, "calculate", {"expression": 5}).content == "{'error': 'expression must be a string, not an " \
+                                                                     "integer'}"
+    assert call_tool(env, "calculate", {}).error == "missing argument expression; calculate takes: expression"
+    assert env.metrics == {"calls": 6.0, "errors": 4.0, "timeouts": 1.0}
+    assert [c["tool"] for c in env.calls] == ["calculate", "calculate", "sleep", "calculate", "calculate", "calculate"]
     env.reset()
     assert env.metrics["calls"] == 0 and env.calls == []
     assert env_factory(recipe)().connection is env.connection  # one server per process, shared by episodes

@@ -19,7 +19,7 @@ from rlkit.cli.eval_cmd import eval_
 from rlkit.cli.optimize import optimize_prompt
 from rlkit.cli.options import SetOpt, SmokeOpt, console, main_options
 from rlkit.cli.serve import serve_search
-from rlkit.errors import Interrupted, UserError
+from rlkit.errors import Interrupted, StorageError, UserError
 
 app = typer.Typer(help="Post-train language models with SFT, DPO, reward models, PPO and GRPO from one YAML recipe.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -279,23 +279,21 @@ def main() -> None:
     try:
         threshold_from_env()  # a bad RLKIT_MMAP_THRESHOLD_KB stops here, not after a model has loaded
         app()
-    except UserError as e:
+    except UserError as e:  # a StorageError (a full or read-only disk) exits 74, other user errors 2
         print(f"rlkit: error: {redact(str(e))}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_code if isinstance(e, StorageError) else 2)
     except _refused() as e:
         print(f"rlkit: doctor: {redact(str(e))}; see `rlkit doctor RECIPE`, or pass --no-doctor", file=sys.stderr)
         sys.exit(1)
     except OSError as e:
-        import errno
-
         # A full disk or a read-only mount is the machine's state, not a bug: one line (rlkit's own writers
         # already say this; this catches the same from transformers/torch saving a checkpoint).
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-            raise
-        from rlkit.safety import os_error
+        from rlkit.safety import STORAGE_FAULTS, os_error
 
+        if e.errno not in STORAGE_FAULTS:
+            raise
         print(f"rlkit: error: {redact(str(os_error(e, Path(e.filename or '.'))))}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(StorageError.exit_code)
     except Interrupted as e:
         from rlkit.launch import LAUNCHED_ENV, is_main_process
 

@@ -21,6 +21,8 @@ import math
 import operator
 import re
 
+from rlkit.envs.arguments import validated
+
 MAX_LENGTH = 200
 # The evaluator recurses once per level. No expression within MAX_LENGTH nests deeper (a flat sum of
 # 100 terms is 100 levels), so this only guards against a raised MAX_LENGTH.
@@ -138,6 +140,7 @@ class CalculatorEnv:
     def reset(self, **row) -> None:
         self.metrics: dict[str, float] = {"calls": 0.0, "errors": 0.0}
 
+    @validated(max_chars=MAX_LENGTH)
     def calculate(self, expression: str) -> str:
         """Evaluate an arithmetic expression: numbers, + - * / // % ** (or ^) and parentheses.
 

@@ -8,11 +8,13 @@ TRL 1.12 reads an environment's tools from its public methods and renders each t
 ``get_json_schema`` (type hints and a Google-style docstring), which offers no way to hand it a schema
 directly. So each MCP tool becomes a method built for it: named as the tool, its docstring the tool's
 description with an ``Args:`` line per property, its signature one keyword parameter per property typed
-from the JSON schema (required ones without a default). The method forwards exactly the arguments the model
-gave; the server validates them. What ``get_json_schema`` cannot express (nested object properties,
-``$ref``, defaults, formats, numeric bounds) is dropped from what the model reads, and rlkit logs the
-difference once per tool. A tool's ``Returns:`` line comes from ``_meta["rlkit/returns"]`` when the server
-sets it (``rlkit serve-search`` does, so its schema is the training environment's to the byte).
+from the JSON schema (required ones without a default). The method checks the arguments the model gave against
+the server's input schema, as built-in tools are checked against theirs (:mod:`rlkit.envs.arguments`; a call off
+the schema is a failed call that never reaches the server), then forwards them exactly. What
+``get_json_schema`` cannot express (nested object properties, ``$ref``, defaults, formats, numeric bounds) is
+dropped from what the model reads (the check still applies it), and rlkit logs the difference once per tool.
+A tool's ``Returns:`` line comes from ``_meta["rlkit/returns"]`` when the server sets it (``rlkit serve-search``
+does, so its schema is the training environment's to the byte).
 
 A call that the server marks as an error (``isError``), a transport failure or a timeout raises, so TRL and
 rlkit's rollouts give the model ``{'error': ...}`` as the tool result, as for a built-in tool. Each episode
@@ -30,6 +32,7 @@ import types
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from rlkit.compat import TRL_NON_TOOL_METHODS
+from rlkit.envs.arguments import ToolArgumentError, check, check_schema
 from rlkit.errors import UserError
 
 if TYPE_CHECKING:
@@ -58,12 +61,17 @@ class McpEnv:
         self.calls: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {"calls": 0.0, "errors": 0.0, "timeouts": 0.0}
 
-    def _call(self, name: str, arguments: dict[str, Any]) -> str:
+    def _call(self, name: str, arguments: dict[str, Any], schema: dict[str, Any]) -> str:
         self.metrics["calls"] += 1
         record: dict[str, Any] = {"tool": name, "arguments": arguments}
         self.calls.append(record)
         try:
+            check(name, schema, arguments)
             result = self.connection.call(name, arguments, self.call_timeout)
+        except ToolArgumentError as e:
+            self.metrics["errors"] += 1
+            record["error"] = str(e)
+            raise
         except TimeoutError:
             self.metrics["timeouts"] += 1
             self.metrics["errors"] += 1
@@ -109,13 +117,14 @@ def tool_method(tool: Any) -> types.FunctionType:
     schema = tool.input_schema or {}
     properties: dict[str, dict] = schema.get("properties") or {}
     required = set(schema.get("required") or [])
+    check_schema(tool.name, schema)
     for name in properties:
         if not name.isidentifier() or keyword.iskeyword(name) or name == "self":
             raise UserError(f"env.tools: the MCP tool {tool.name!r} has an argument {name!r} that cannot be a Python "
                             "parameter, so TRL cannot offer it; leave the tool out with env.tools")
 
     def call(self: McpEnv, **arguments: Any) -> str:
-        return self._call(tool.name, arguments)
+        return self._call(tool.name, arguments, schema)
 
     hints = {name: python_type(properties[name]) for name in properties}
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]

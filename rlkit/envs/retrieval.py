@@ -10,10 +10,12 @@ ignoring case and spacing, searched again in the episode), which the trainer log
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rlkit.envs.arguments import validated
 from rlkit.errors import UserError
 from rlkit.retrieval.corpus import byline
 
@@ -43,6 +45,7 @@ class RetrievalEnv:
         self.searches: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {"searches": 0.0, "empty_results": 0.0, "repeated_queries": 0.0}
 
+    @validated
     def search(self, query: str) -> str:
         """Search the document collection for passages relevant to a query.
 
@@ -77,8 +80,11 @@ def search_function(description: str | None = None) -> Callable[..., str]:
     base = RetrievalEnv.search
     if not description:
         return base
-    func = types.FunctionType(base.__code__, base.__globals__, base.__name__, base.__defaults__, base.__closure__)
-    func.__annotations__, func.__qualname__ = dict(base.__annotations__), base.__qualname__
+
+    @functools.wraps(base)  # the same signature and checks; only the docstring differs
+    def func(self: RetrievalEnv, *args: Any, **kwargs: Any) -> str:
+        return base(self, *args, **kwargs)
+
     _, sep, args = base.__doc__.partition("Args:")
     func.__doc__ = description.strip() + "\n\n        " + sep + args
     return func

@@ -73,7 +73,7 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals,
                "episodes": episodes, "best": best,
                "ifeval": _read_ifeval(run_dir / "eval" / "ifeval" / "ifeval.json"),
-               "plots": [c["path"] for c in charts], "report": run_dir / REPORT,
+               "plots": [c["path"] for c in charts], "report": run_dir / REPORT, "judges": _judge_totals(rows),
                **_progress(recipe, rows, run_dir)}
     text = secrets.redact(_markdown(summary, charts))  # a token that found its way into a model path, say
     atomic_write(run_dir / REPORT, lambda path: path.write_text(text, encoding="utf-8"))
@@ -218,6 +218,35 @@ def _numbers(row: dict[str, Any]) -> list[str]:
     return [key for key, value in row.items() if key not in ("step", "epoch") and finite_number(value) is not None]
 
 
+JUDGE_COUNTS = ("requests", "cache_hits", "retries", "failures", "skipped")
+
+
+def _judge_totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each judge reward's requests, failures and failed tries by kind (``judge/errors/timeout``, ...) over the run.
+    TRL logs a reward's metric as its mean over the logging interval, so a row counts once per step since the one
+    before: exact when each step scores one generation batch (TRL's default)."""
+    totals: dict[str, dict[str, float]] = {}
+    for name in sorted({key.split("/")[0] for row in rows for key in row if key.count("/") == 2 and "/errors/" in key}):
+        previous, total = 0.0, dict.fromkeys(JUDGE_COUNTS, 0.0)
+        for row in (r for r in rows if None not in (finite_number(r.get("step")), r.get(f"{name}/requests"))):
+            for field in [k.removeprefix(f"{name}/") for k in row if k.startswith(f"{name}/")]:
+                if field in JUDGE_COUNTS or field.startswith("errors/"):
+                    count = finite_number(row[f"{name}/{field}"]) or 0.0
+                    total[field] = total.get(field, 0.0) + count * (row["step"] - previous)
+            previous = row["step"]
+        totals[name] = total
+    return totals
+
+
+def _judge_lines(totals: dict[str, dict[str, float]]) -> list[str]:
+    columns = [*JUDGE_COUNTS, *sorted({k for t in totals.values() for k in t if k.startswith("errors/")})]
+    header = " | ".join(c.replace("errors/", "failed tries: ") for c in columns)
+    return ["", "## Judge requests", "", "Summed over the run. A failed try is retried (`max_retries`); a request "
+            "fails once every try has, and under `on_failure: skip` its completions are `skipped`: unscored (None), "
+            "never a judge's 0.", "", f"| reward | {header} |", "|---" * (1 + len(columns)) + "|",
+            *(f"| `{name}` | " + " | ".join(fmt(t.get(c, 0.0)) for c in columns) + " |" for name, t in totals.items())]
+
+
 def _row(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     _, values = series(rows, key)
     return {"metric": key, "first": values[0], "last": values[-1], "min": min(values), "max": max(values),
@@ -270,6 +299,8 @@ def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
         lines += _episode_lines(s["episodes"])
     if s.get("ifeval"):
         lines += _ifeval_lines(s["ifeval"])
+    if s.get("judges"):
+        lines += _judge_lines(s["judges"])
     if s.get("best"):
         b = s["best"]
         lines += ["", "## Best checkpoint (agent eval during training)", "",

@@ -42,8 +42,11 @@ def series(rows: list[dict[str, Any]], key: str, *extra: str) -> tuple[list[floa
 
 def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     partial = path.with_name(f".{path.stem}.partial{path.suffix}")
-    write(partial)
-    os.replace(partial, path)
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)  # a write the disk refused leaves no half file (after the move: none there)
 
 
 def fmt(value: Any) -> str:

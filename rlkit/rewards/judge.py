@@ -34,6 +34,7 @@ the card, whose probes come one per prompt.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -80,6 +81,7 @@ Reply with JSON only: {{"scores": [one number per response, in order]}}"""
 _VERDICT = re.compile(r"VERDICT:\s*\**\s*(CORRECT|INCORRECT)\b", re.IGNORECASE)
 _SCORE = re.compile(r"SCORE:\s*\**\s*([-+]?\d*\.?\d+)", re.IGNORECASE)
 FAILURE_POLICIES = ("stop", "skip")
+log = logging.getLogger("rlkit")
 
 
 def judge(prompts: list, completions: list, answer: list, *, endpoint: str = "", model: str = "",
@@ -101,6 +103,7 @@ def judge(prompts: list, completions: list, answer: list, *, endpoint: str = "",
         jobs.append((cache_key(settings, template, question, text, reference), [{"role": "user", "content": content}],
                      _parse_score if graded else _parse_verdict))
     values, stats = ask(settings, jobs)
+    stats.skipped = sum(v is None for v in values) if on_failure == "skip" else 0
     report("judge", stats, columns.get("log_metric"))  # TRL passes log_metric in training
     return _settle(values, stats, settings, on_failure, "judge")
 
@@ -128,6 +131,8 @@ def rank(prompts: list, completions: list, *, endpoint: str = "", model: str = "
         jobs.append((cache_key(settings, template, question, texts), [{"role": "user", "content": content}],
                      _scores_parser(len(members))))
     values, stats = ask(settings, jobs)
+    if on_failure == "skip":
+        stats.skipped = sum(len(members) for members, group in zip(ranked, values, strict=True) if group is None)
     report("rank", stats, columns.get("log_metric"))
     _settle(values, stats, settings, on_failure, "rank")
     scores: list[float | None] = [None] * len(completions)
@@ -160,12 +165,18 @@ def _settings(endpoint, model, api_key_env, concurrency, timeout, max_retries, m
 
 def _settle(values: list, stats: Any, settings: Settings, on_failure: str, name: str) -> list:
     failed = sum(v is None for v in values)
+    tries = ", ".join(f"{n} {kind}" for kind, n in stats.errors.items() if n)
+    if failed and on_failure == "skip":  # shown, never passed off as a real 0 (the metrics count them too)
+        log.warning("%s reward: %d of %d judge requests failed after %d retries (last: %s; failed tries: %s); "
+                    "on_failure: skip leaves those completions unscored (None; %s/skipped)", name, failed,
+                    len(values), settings.max_retries, stats.last_error, tries, name)
     if failed and on_failure == "stop":
         from rlkit.errors import UserError
 
         raise UserError(f"{name} reward: {failed} of {len(values)} judge requests to {settings.endpoint} "
                         f"(model {settings.model!r}) failed after {settings.max_retries} retries (last: "
-                        f"{stats.last_error}); stopped rather than pay those completions 0. Check the judge server, "
+                        f"{stats.last_error}); failed tries: {tries}; stopped rather than pay those completions 0. "
+                        "Check the judge server, "
                         "raise `timeout`/`max_retries`, or set `on_failure: skip` (None for them, which most callers "
                         "count as 0: docs/agents.md)")
     return values
@@ -193,7 +204,7 @@ def _parse_score(text: str) -> float:
         raise Malformed(f"no 'SCORE: <number>' line in {_short(text)}")
     value = float(found[-1])
     if not 0.0 <= value <= 1.0:
-        raise Malformed(f"score {value:g} is outside [0, 1]")
+        raise Malformed(f"score {value:g} is outside [0, 1]", "out_of_range")
     return value
 
 

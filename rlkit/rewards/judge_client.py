@@ -3,13 +3,16 @@ bounded concurrency, a total deadline per request, retries, a response cache on 
 ``rlkit optimize-prompt`` asks its reflection model through it too (``role``, no cache).
 
 - **Deadline and retries.** Every request must complete within ``timeout`` seconds (``asyncio.wait_for``:
-  the client's own timeout bounds each read only). Connection errors, the deadline, 429, 5xx, a body that is
-  not a chat completion (an HTML error page, broken JSON) and a reply the judge's parser rejects are retried
-  up to ``max_retries`` times with exponential backoff. A wrong URL path, model or key (400/401/403/404)
-  would fail every request the same way: it stops at once.
-- **Cache.** Each parsed answer is appended to a JSONL file keyed by a hash of (judge model, rubric,
+  the client's own timeout bounds each read only). Connection errors, the deadline, 429 (after its
+  ``Retry-After``, up to 60 s), 5xx, a body that is not a chat completion (an HTML error page, broken JSON) and a
+  reply the judge's parser rejects (no verdict, a score outside [0, 1]) are retried up to ``max_retries`` times
+  with exponential backoff. A wrong URL path, model or key (400/401/403/404) would fail every request the same
+  way: it stops at once. Each failed try is counted by kind (:data:`ERROR_KINDS`) in the batch's metrics.
+- **Cache.** Each answer's reply text is appended to a JSONL file keyed by a hash of (judge model, rubric,
   prompt, completion(s), reference), so a rerun (or the doctor's probes, or an eval after training)
-  costs no request. The file is the truth; it is read once per process.
+  costs no request. A cached reply is parsed again before it is served, so the cache never serves what the
+  parser rejects (a record without its reply, written by an older rlkit, is asked again). The file is the truth;
+  it is read once per process.
 - **The key** comes from the environment variable the recipe names (``api_key_env``), never from the
   recipe itself, so nothing secret reaches ``recipe.resolved.yaml`` or the run directory.
 """
@@ -37,8 +40,19 @@ PREFLIGHT = "Reply with the word OK."
 _LOADED: dict[Path, dict[str, Any]] = {}  # each cache file, read once per process (the file is the truth)
 
 
+# What a failed try can be, as the judge metrics count them (`judge/errors/<kind>`).
+ERROR_KINDS = ("timeout", "connection", "rate_limited", "server_error", "rejected", "bad_body", "malformed",
+               "out_of_range")
+RETRY_AFTER_MAX = 60.0  # seconds: a 429's Retry-After is honoured up to this
+
+
 class Malformed(Exception):
-    """A judge reply the parser cannot read (retried like a transport failure)."""
+    """A judge reply the parser cannot read (retried like a transport failure); ``kind`` is one of
+    :data:`ERROR_KINDS` (``malformed``: no answer in it, ``out_of_range``, ``bad_body``: not a chat completion)."""
+
+    def __init__(self, message: str, kind: str = "malformed") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass
@@ -53,11 +67,18 @@ class Stats:
     last_error: str = ""
     prompt_tokens: int = 0  # as the server's `usage` counts them (0 where it sends none)
     completion_tokens: int = 0
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))  # failed tries by kind
+    skipped: int = 0  # completions left unscored (None) under `on_failure: skip`
 
     def metrics(self) -> dict[str, float]:
         latency = sum(self.seconds) / len(self.seconds) if self.seconds else 0.0
         return {"requests": self.requests, "cache_hits": self.cached, "retries": self.retries,
-                "failures": self.failures, "latency_s": latency}
+                "failures": self.failures, "skipped": self.skipped, "latency_s": latency,
+                **{f"errors/{kind}": n for kind, n in self.errors.items()}}
+
+    def failed(self, kind: str, message: str) -> None:
+        self.errors[kind] += 1
+        self.last_error = message
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,7 @@ def cache_key(settings: Settings, *parts: Any) -> str:
 
 
 def _cache(path: Path | None) -> dict[str, Any]:
+    """The cache file's records by key (the last record of a key wins)."""
     if path is None:
         return {}
     if path not in _LOADED:
@@ -118,9 +140,20 @@ def _cache(path: Path | None) -> dict[str, Any]:
                 except json.JSONDecodeError:  # a line torn by a killed run: that answer is asked again
                     continue
                 if isinstance(record, dict) and "key" in record:
-                    entries[record["key"]] = record.get("value")
+                    entries[record["key"]] = record
         _LOADED[path] = entries
     return _LOADED[path]
+
+
+def _cached(record: Any, parse: Callable[[str], Any]) -> Any:
+    """The answer a cached record holds, parsed again from its reply; ``None`` (ask again) for one the parser
+    rejects or without a reply."""
+    if not isinstance(record, dict) or not isinstance(record.get("reply"), str):
+        return None
+    try:
+        return parse(record["reply"])
+    except Malformed:
+        return None
 
 
 Job = tuple[str, list[dict[str, str]], Callable[[str], Any]]
@@ -138,24 +171,26 @@ def ask(settings: Settings, jobs: list[Job]) -> tuple[list[Any], Stats]:
     results: list[Any] = [None] * len(jobs)
     todo = []
     for i, (key, messages, parse) in enumerate(jobs):
-        if key in cache:
-            results[i] = cache[key]
+        hit = _cached(cache.get(key), parse)
+        if hit is not None:
+            results[i] = hit
             stats.cached += 1
         else:
             todo.append((i, key, (messages, parse)))
     if todo:
         answers = _run(_ask_all(settings, [job for _, _, job in todo], stats))
         fresh = []
-        for (i, key, _), value in zip(todo, answers, strict=True):
-            results[i] = value
-            if value is not None:
-                cache[key] = value
-                fresh.append({"key": key, "value": value})
+        for (i, key, _), answer in zip(todo, answers, strict=True):
+            if answer is not None:
+                results[i], reply = answer
+                cache[key] = {"key": key, "value": results[i], "reply": reply}
+                fresh.append(cache[key])
         if path is not None and fresh:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a+b") as f:
                 # After a run killed mid-line, start on a fresh line (the torn one is skipped on reading).
-                torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END) or f.read(1) != b"\n")
+                # (`seek` returns the new position, so it is not or-ed: that added a blank line to every append.)
+                torn = f.seek(0, os.SEEK_END) > 0 and f.seek(-1, os.SEEK_END) >= 0 and f.read(1) != b"\n"
                 f.write(("\n" if torn else "").encode() + "".join(json.dumps(r) + "\n" for r in fresh).encode())
     return results, stats
 
@@ -192,35 +227,52 @@ async def _ask_all(settings: Settings, batch: list[tuple[list[dict[str, str]], C
 
 
 async def _ask_one(client: Any, settings: Settings, messages: list[dict[str, str]], parse: Callable[[str], Any],
-                   stats: Stats) -> Any:
+                   stats: Stats) -> tuple[Any, str] | None:
+    """``(parsed answer, reply text)``, or ``None`` once every try failed."""
     import openai
 
     fatal = (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError, openai.BadRequestError)
+    transient = {openai.RateLimitError: "rate_limited", openai.InternalServerError: "server_error",
+                 openai.UnprocessableEntityError: "rejected", openai.APIResponseValidationError: "bad_body",
+                 openai.APIConnectionError: "connection"}
+    wait = 0.0
     for attempt in range(settings.max_retries + 1):
         if attempt:
             stats.retries += 1
-            await asyncio.sleep(min(settings.backoff * 2 ** (attempt - 1), 8.0))
-        started = time.perf_counter()
+            await asyncio.sleep(max(wait, min(settings.backoff * 2 ** (attempt - 1), 8.0)))
+        started, wait = time.perf_counter(), 0.0
         stats.requests += 1
         try:
             response = await asyncio.wait_for(_create(client, settings, messages), settings.timeout)
-            value = parse(_reply_text(response, stats))
+            text = _reply_text(response, stats)
+            value = parse(text)
         except fatal as e:  # every request would fail the same way
             raise UserError(f"{settings.role} {settings.endpoint} (model {settings.model!r}): {type(e).__name__}: "
                             f"{_message(e)}; check endpoint, model and the key in ${settings.api_key_env}") from None
         except TimeoutError:
-            stats.last_error = f"no complete reply within {settings.timeout:g}s"
-        except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError,
-                openai.UnprocessableEntityError, openai.APIResponseValidationError) as e:
-            stats.last_error = f"{type(e).__name__}: {_message(e)}"
+            stats.failed("timeout", f"no complete reply within {settings.timeout:g}s")
+        except tuple(transient) as e:
+            stats.failed(next(kind for cls, kind in transient.items() if isinstance(e, cls)),
+                         f"{type(e).__name__}: {_message(e)}")
+            wait = _retry_after(e)
         except Malformed as e:
-            stats.last_error = f"malformed reply: {e}"
+            stats.failed(e.kind, f"malformed reply: {e}")
         else:
             stats.seconds.append(time.perf_counter() - started)
-            return value
+            return value, text
         stats.seconds.append(time.perf_counter() - started)
     stats.failures += 1
     return None
+
+
+def _retry_after(error: Any) -> float:
+    """The seconds a 429 (or 503) asks to wait (``Retry-After``, in seconds), up to :data:`RETRY_AFTER_MAX`."""
+    response = getattr(error, "response", None)
+    try:
+        seconds = float(response.headers.get("retry-after", 0)) if response is not None else 0.0
+    except ValueError:  # an HTTP date: the backoff decides
+        return 0.0
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX)
 
 
 async def _create(client: Any, settings: Settings, messages: list[dict[str, str]]) -> Any:
@@ -229,14 +281,14 @@ async def _create(client: Any, settings: Settings, messages: list[dict[str, str]
                                                     temperature=settings.temperature,
                                                     max_completion_tokens=settings.max_tokens)
     except json.JSONDecodeError:  # a JSON content type with a body that is not JSON: the client lets this through
-        raise Malformed("the body is not JSON") from None
+        raise Malformed("the body is not JSON", "bad_body") from None
 
 
 def _reply_text(response: Any, stats: Stats) -> str:
     """The reply's text; its tokens added to ``stats``. A body that is not a chat completion (the client hands
     back the raw text of a non-JSON content type) is :class:`Malformed`."""
     if not hasattr(response, "choices"):
-        raise Malformed(f"not a chat completion: {_message(Exception(str(response)))}")
+        raise Malformed(f"not a chat completion: {_message(Exception(str(response)))}", "bad_body")
     usage = getattr(response, "usage", None)
     stats.prompt_tokens += getattr(usage, "prompt_tokens", 0) or 0
     stats.completion_tokens += getattr(usage, "completion_tokens", 0) or 0
@@ -268,5 +320,8 @@ def report(name: str, stats: Stats, log_metric: Callable[[str, float], None] | N
     if log_metric is not None:
         for key, value in metrics.items():
             log_metric(f"{name}/{key}", float(value))
-    log.info("%s: %d requests, %d cached, %d retries, %d failed, %.2fs per request", name, stats.requests,
-             stats.cached, stats.retries, stats.failures, metrics["latency_s"])
+    errors = ", ".join(f"{n} {kind}" for kind, n in stats.errors.items() if n)
+    log.info("%s: %d requests, %d cached, %d retries, %d failed%s%s, %.2fs per request", name, stats.requests,
+             stats.cached, stats.retries, stats.failures, f" ({errors})" if errors else "",
+             f", {stats.skipped} completions unscored (on_failure: skip)" if stats.skipped else "",
+             metrics["latency_s"])
