@@ -375,6 +375,21 @@ def test_pool_keeps_exactly_the_prompts_strictly_between_0_and_1(tmp_path, tiny_
     assert "\n" not in str(e.value)
 
 
+def test_pool_plays_whole_tool_episodes_for_an_env_recipe(tmp_path, tiny_model_dir, monkeypatch):
+    from rlkit.backends.hf import load_tokenizer
+    from rlkit.train import build_trainer
+
+    golds = _golds(32, seed=0)
+    scripted_generate(monkeypatch, load_tokenizer(str(tiny_model_dir)), calculator_reply(golds, {}))
+    recipe = load_recipe(CALCULATOR, ["sampling.pool={keep: all, samples: 2, limit: 8}"], smoke=True)
+    trainer, _ = build_trainer(recipe, tmp_path, smoke=True)
+    pool = json.loads((tmp_path / "pool.json").read_text())
+    # even golds: the tool's result, then the right answer, every time; odd: right every other time
+    assert [p["pass_rate"] for p in pool["prompts"]] == [1.0 if int(g) % 2 == 0 else 0.5
+                                                         for g in list(golds.values())[:8]]
+    assert (pool["probed"], pool["pool_size"], len(trainer.train_dataset)) == (8, 32, 32)
+
+
 @pytest.mark.report
 def test_train_with_dynamic_sampling_and_the_pool_end_to_end(tmp_path, table_rewards):
     from rlkit.train import train
