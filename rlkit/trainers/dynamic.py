@@ -13,8 +13,8 @@ computes advantages and log-probs; rlkit only picks rows and pads them to one wi
 - A refill round draws ``shortfall / (share of groups with signal so far)`` prompts (at most the batch's group
   count): one larger generation call costs less than several small ones, on a CPU most of all.
 - The refill prompts come from the train dataset (after the prompt pool's filter), drawn without replacement per
-  round by a generator seeded with the trainer's seed, the global step and the round, so a resumed run draws as
-  an uninterrupted one did.
+  round by a generator seeded with the trainer's seed, the global step and the round: no sampler state to
+  checkpoint, and a resumed run picks the same refill prompts as an uninterrupted one.
 - Advantages are TRL's, per draw: with ``scale_rewards: group`` or ``none`` a kept group's advantages are exactly
   those of its group; with ``batch`` each draw was scaled by its own batch's standard deviation.
 - TRL's own metrics (``reward``, ``frac_reward_zero_std``, ...) keep the first draw's values, an unbiased sample
