@@ -3,6 +3,7 @@
     RUN/recipe.resolved.yaml   recipe after overrides/smoke, model as loaded, versions, git sha
     RUN/trainer_config.json    the TRL config the trainer ran with (every field, secrets masked)
     RUN/metrics.jsonl          one JSON object per logging step, with `step`
+    RUN/pool.json              GRPO's prompt pool: each probed prompt's pass rate (``sampling.pool``)
     RUN/checkpoints/           TRL checkpoints; a complete one holds COMPLETE (written after the save)
     RUN/adapter/               the final PEFT adapter + tokenizer
     RUN/plots/, RUN/report.md  charts and summary (``rlkit report``)
@@ -34,8 +35,9 @@ RESOLVED = "recipe.resolved.yaml"
 METRICS = "metrics.jsonl"
 COMPLETE = "rlkit-complete.json"
 TRAINER_CONFIG = "trainer_config.json"
+POOL = "pool.json"
 # What a run writes before its first checkpoint: a directory holding only these was never worth keeping.
-_SETUP_FILES = {RESOLVED, METRICS, TRAINER_CONFIG, "checkpoints", "wandb", "tensorboard", "plots", "report.md"}
+_SETUP_FILES = {RESOLVED, METRICS, TRAINER_CONFIG, POOL, "checkpoints", "wandb", "tensorboard", "plots", "report.md"}
 # Recipe keys that may change when a run resumes; anything else would make it a different run.
 RESUMABLE_CHANGES = ("trainer.max_steps", "trainer.num_train_epochs", "trainer.save_steps", "trainer.logging_steps",
                      "trainer.save_total_limit", "trainer.report_to",

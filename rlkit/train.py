@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rlkit import backends, compat, cpu_memory, handoff, progress, report, runs, safety, secrets, storage, tracking
 from rlkit.backends import backend_request, cuda_available
 from rlkit.backends.hf import loaded_base
+from rlkit.doctor.learn import prompt_pool
 from rlkit.errors import Interrupted, StorageError, UserError
 from rlkit.evaluate.during import agent_eval_callback
 from rlkit.launch import barrier, is_main_process, rank_info
@@ -317,13 +318,13 @@ def build_trainer(recipe: Recipe, run_dir: Path, *, smoke: bool = False, source:
         "base_model": loaded_base(getattr(model, "policy", model)),
         "init_from": started_from,
     }
-    if resumed_from is not None:
-        provenance["resumed_from"] = str(resumed_from)
+    provenance |= {"resumed_from": str(resumed_from)} if resumed_from is not None else {}
     resolved = runs.write_resolved(run_dir, recipe.to_dict(), provenance, write=main)
     rank, local_rank, world = rank_info()
     if world > 1:
         log.info("rank %d of %d (local rank %d) on %s, %d training rows in the dataset", rank, world, local_rank,
                  args.device, len(train_ds), extra={"all_ranks": True})
+    train_ds = prompt_pool(recipe, model, tokenizer, train_ds, args, run_dir, main=main)  # GRPO's sampling.pool
     trainer = algo.build(recipe, model, tokenizer, peft_config, train_ds, args,
                          [runs.metrics_callback(run_dir), runs.checkpoint_callback(keep)])
     storage.guard_checkpoints(trainer)  # a full disk during a save: one line, the half-written checkpoint removed

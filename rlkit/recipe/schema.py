@@ -217,6 +217,26 @@ class EvalSpec(Strict):
     ifeval: IFEvalSpec = Field(default_factory=IFEvalSpec)
 
 
+class PoolSpec(Strict):
+    """GRPO's prompt pool: the starting model's pass rate on each train prompt, measured before training."""
+
+    keep: Literal["learnable", "all"] = Field("learnable", description="learnable: train only on prompts whose "
+                                              "pass rate is strictly between 0 and 1; all: measure, keep every prompt")
+    samples: int = Field(8, ge=2, description="completions sampled per prompt at the trainer's temperature")
+    limit: int = Field(256, gt=0, description="probe the first N train prompts (with keep: learnable, the others "
+                       "are not trained on)")
+
+
+class SamplingSpec(Strict):
+    """GRPO only: which prompts and groups reach the loss (rlkit's hooks around TRL's GRPOTrainer)."""
+
+    dynamic: bool = Field(False, description="drop groups whose rewards are all equal and refill the batch with "
+                          "groups of new prompts (DAPO's dynamic sampling)")
+    max_rounds: int = Field(2, gt=0, description="extra generation rounds per batch at most; a batch still short "
+                            "after them is filled with dropped groups")
+    pool: PoolSpec | None = None
+
+
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     algorithm: Literal["sft", "dpo", "reward", "ppo", "grpo"]
@@ -233,6 +253,7 @@ class Recipe(Strict):
     env: EnvSpec | None = None
     retrieval: RetrievalSpec | None = None
     eval: EvalSpec = Field(default_factory=EvalSpec)
+    sampling: SamplingSpec | None = None
     trainer: dict[str, Any] = Field(default_factory=dict)
     # `rlkit train --num-processes N` launches through accelerate with this config unless
     # --accelerate-config names another: single_gpu | multi_gpu | zero2 | zero3 | fsdp | a YAML path.
@@ -264,6 +285,9 @@ class Recipe(Strict):
         for key in ("reward_model", "value_model"):
             if algo != "ppo" and getattr(self, key) is not None:
                 raise ValueError(f"`{key}:` is only used by ppo recipes; remove it")
+        if algo != "grpo" and self.sampling is not None:
+            raise ValueError(f"`sampling:` (dynamic sampling, the prompt pool) is only used by grpo recipes; remove it "
+                             f"from this {algo} recipe")
         if algo != "dpo" and self.pairs is not None:
             raise ValueError("`pairs:` is only used by dpo recipes (`rlkit pairs`); remove it")
         return self

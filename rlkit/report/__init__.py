@@ -1,7 +1,9 @@
 """``rlkit report``: PNG charts and a Markdown report for a run directory.
 
     RUN/plots/*.png   one chart per group of metrics the run logged (reward, loss, KL, lengths, ...)
-    RUN/report.md     what the run was, a first/last/min/max table of its key metrics, its evals (with IFEval's
+    RUN/plots/pool.png  a GRPO run's prompt pool: prompts per pass rate (RUN/pool.json, ``sampling.pool``)
+    RUN/report.md     what the run was, a first/last/min/max table of its key metrics, the prompt pool and the share
+                      of zero-variance groups before/after dynamic sampling (GRPO), its evals (with IFEval's
                       base -> trained check from RUN/eval/ifeval/ifeval.json, flagged past its tolerance), the
                       `rlkit analyze` numbers of every agent eval's episodes in the order they ran (base before
                       trained: EM, F1, evidence recall, tool calls, rounds, F1 per question type), the charts
@@ -23,6 +25,7 @@ from typing import Any
 
 from rlkit import runs, secrets
 from rlkit.errors import UserError
+from rlkit.report import sampling
 from rlkit.report.charts import CHARTS, atomic_write, finite_number, fmt, series
 from rlkit.stats import show_accuracy, show_degenerate, show_diff
 
@@ -68,10 +71,14 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         charts.append({"file": chart.file, "title": chart.title, "caption": chart.caption,
                        "path": plots_dir / chart.file})
         keys += [key for key in drawn if key not in keys]
+    pool = sampling.read_pool(run_dir)
+    if (chart := sampling.pool_chart(label, pool, plots_dir)) is not None:
+        charts.append(chart)
     table = [_row(key, rows) for key in keys]
     best = json.loads((run_dir / "best.json").read_text()) if (run_dir / "best.json").exists() else None
     summary = {"run": str(run_dir), "name": name, "algorithm": algorithm, "rows": table, "evals": evals,
-               "episodes": episodes, "best": best,
+               "episodes": episodes, "best": best, "pool": pool,
+               "sampling_lines": (sampling.pool_lines(pool) if pool else []) + sampling.zero_variance_lines(rows),
                "ifeval": _read_ifeval(run_dir / "eval" / "ifeval" / "ifeval.json"),
                "plots": [c["path"] for c in charts], "report": run_dir / REPORT, "judges": _judge_totals(rows),
                **_progress(recipe, rows, run_dir)}
@@ -286,6 +293,7 @@ def _markdown(summary: dict[str, Any], charts: list[dict[str, Any]]) -> str:
     lines += ["", "## Metrics", "", "| metric | first | last | min | max | steps logged |", "|---|---|---|---|---|---|"]
     lines += [f"| `{r['metric']}` | {fmt(r['first'])} | {fmt(r['last'])} | {fmt(r['min'])} | {fmt(r['max'])} "
               f"| {r['steps']} |" for r in s["rows"]]
+    lines += s.get("sampling_lines") or []
     if s["evals"]:
         lines += ["", "## Evaluations", "", "Degenerate: the share of replies with no answer, a character run "
                   "(`########`) or a loop cut by the token limit.", "",

@@ -145,6 +145,15 @@ CHARTS = (
               ("clipped (fraction)", [Line("completions/clipped_ratio", "cut at max_completion_length")])]),
     Chart("tools.png", "tool use", "Tool calls per completion, the share of calls that failed, and the "
           "environment's own episode metrics (`env/*`, averaged over the batch's episodes).", _tools),
+    Chart("zero_variance.png", "zero-variance groups", "Share of each step's groups whose completions all earned the "
+          "same reward (GRPO learns nothing from them): in the first draw, and in the batch trained on once dynamic "
+          "sampling (`sampling.dynamic`) has refilled it; below, the extra generation rounds and prompts it took.",
+          lambda rows, _: [("groups with equal rewards (fraction)", [
+              Line("dynamic_sampling/zero_std_before", "before dynamic sampling (first draw)"),
+              Line("dynamic_sampling/zero_std_after", "after (the batch trained on)"),
+              Line("frac_reward_zero_std", "TRL's frac_reward_zero_std (first draw)")]),
+              ("extra generation (count per batch)", [Line("dynamic_sampling/extra_rounds", "extra rounds"),
+                                                      Line("dynamic_sampling/extra_prompts", "extra prompts")])]),
     Chart("sft.png", "token accuracy and entropy", "Share of next tokens the model predicts right on the training "
           "batch, and the entropy of its predictions.",
           lambda rows, _: [("token accuracy (fraction)", [Line("mean_token_accuracy", "train")]),

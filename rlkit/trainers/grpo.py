@@ -4,7 +4,8 @@ Reward weights come from the recipe's ``rewards:`` list (TRL's ``reward_weights`
 template kwargs from ``model.chat_template_kwargs``. With ``env:`` the environment class goes to
 TRL as ``environment_factory`` (one instance per rollout, its public methods the tools) and
 ``env.max_turns`` becomes ``max_tool_calling_iterations``; each batch's episode metrics (searches,
-empty results, calculator errors...) are logged as ``env/<name>``.
+empty results, calculator errors...) are logged as ``env/<name>``. With ``sampling.dynamic`` the trainer is
+:mod:`rlkit.trainers.dynamic`'s subclass, which drops groups whose rewards are all equal and refills them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 from rlkit.data import env_factory, load_rows, task_rows
 from rlkit.envs import env_metrics, recipe_tool_schemas
 from rlkit.errors import UserError
+from rlkit.launch import rank_info
 from rlkit.recipe import Recipe
 from rlkit.rewards import Reward, resolve_reward
+from rlkit.trainers import dynamic
 
 HEAD = "causal"
 
@@ -35,6 +38,7 @@ def dataset(recipe: Recipe):
 
 
 def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
+    check_sampling(recipe)
     fields: dict[str, Any] = {"reward_weights": [r.weight for r in recipe.rewards]}
     if recipe.model.chat_template_kwargs:
         fields["chat_template_kwargs"] = recipe.model.chat_template_kwargs
@@ -45,6 +49,14 @@ def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
         # which does not fit the 0.3 of the GPU colocate mode gives it, and fails at start-up.
         fields["vllm_max_model_length"] = recipe.model.max_seq_length
     return fields
+
+
+def check_sampling(recipe: Recipe) -> None:
+    """Every process builds the TRL config before a model loads: refuse ``sampling:`` with several there."""
+    spec = recipe.sampling
+    if spec is not None and (spec.dynamic or spec.pool is not None) and rank_info()[2] > 1:
+        raise UserError("sampling: dynamic sampling and the prompt pool run in one process (a refill would have to "
+                        "be drawn by every rank together); drop --num-processes or the `sampling:` section")
 
 
 def check_config(config: Any, source: str) -> None:
@@ -89,9 +101,12 @@ def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds
     extra: dict[str, Any] = {}
     if recipe.env is not None:
         extra["environment_factory"] = env_factory(recipe)
+    cls = GRPOTrainer
+    if recipe.sampling is not None and recipe.sampling.dynamic:
+        cls, extra["max_rounds"] = dynamic.trainer_class(), recipe.sampling.max_rounds
     train_ds = fit_context(recipe, tokenizer, train_ds, args)
-    return GRPOTrainer(model=model, reward_funcs=reward_functions(recipe), args=args, train_dataset=train_ds,
-                       processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **extra)
+    return cls(model=model, reward_funcs=reward_functions(recipe), args=args, train_dataset=train_ds,
+               processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **extra)
 
 
 def fit_context(recipe: Recipe, tokenizer: Any, train_ds: Any, args: Any) -> Any:
