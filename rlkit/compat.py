@@ -7,6 +7,7 @@ Nothing here is imported at module level: importing ``rlkit.compat`` costs nothi
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -133,14 +134,13 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-# --- trl.experimental.ppo (TRL 1.12; experimental, removed in 1.13) ------------------------------
+# --- trl.experimental.ppo (TRL 1.12; experimental, absent from the 1.13+ wheels) ------------------
 
 
 def _silence_experimental_warning() -> None:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rlkit pins TRL; the warning says nothing new
 
 
-# PPOTrainer lives in TRL up to 1.12 (trl/experimental/ppo/, absent from the 1.13+ wheels).
 PPO_MISSING = ("PPO needs TRL's PPOTrainer, which TRL {version} no longer has (removed in 1.13); "
                "`pip install 'trl>=1.12,<1.13'` to train PPO, or use GRPO")
 
@@ -172,8 +172,6 @@ def ppo_config_class() -> type:
 
 def has_ppo() -> bool:
     """Whether the installed TRL still has PPOTrainer (TRL < 1.13)."""
-    import importlib.util
-
     return importlib.util.find_spec("trl.experimental.ppo") is not None
 
 
@@ -277,10 +275,8 @@ def disable_cpu_bf16_packing(model: Any) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-# bitsandbytes 0.50's CPU backend, imported by peft whether or not anything is 4-bit, looks on CPUs with AVX512-BF16
-# for the `kernels` package's Hub kernel of its fused 4-bit matmul, and when it is not installed logs a warning telling
-# the user to `pip install kernels` (bitsandbytes/backends/cpu/ops.py). That kernel serves only the packed CPU layout,
-# which rlkit turns off (above), so the advice never applies to rlkit.
+# bitsandbytes 0.50's CPU backend (imported by peft) looks, on CPUs with AVX512-BF16, for the `kernels` package's fused
+# 4-bit matmul and else warns to `pip install kernels`; that kernel serves only the packed layout rlkit turns off.
 BNB_KERNELS_HINT = "Failed to load CPU gemm_4bit_forward from kernels-community"
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 
@@ -311,31 +307,24 @@ def cpu_supports_bf16() -> bool:
 
 def torch_huge_pages() -> None:
     """Have torch back each CPU tensor of 2 MiB or more with transparent huge pages, through its own switch
-    ``THP_MEM_ALLOC_ENABLE=1`` (c10's ``alloc_cpu`` then ``madvise(MADV_HUGEPAGE)``s such buffers; torch 2.13).
-
-    rlkit's CPU training pins glibc's mmap threshold (:mod:`rlkit.cpu_memory`), so every large
-    tensor is a fresh mapping, faulted in 4 KiB pages on first touch; in 2 MiB pages that is 512 times
-    fewer faults: smol_arith_grpo (32 sequences a step, 2 idle cores) 60 -> 32 s a step, peak RSS 1.70 ->
-    1.71 GB, the same losses and rewards to the last digit (docs/performance.md). Torch reads the variable
-    once, at its first CPU allocation, so this must run before any tensor exists (the CLI calls it first); a
-    value the user set wins, off Linux it is not set, and where THP is "never" the kernel ignores the advice.
-    The variable is inherited by every process rlkit starts and touches only CPU tensors (GPU memory has its own
-    allocator). If torch stops reading it, nothing breaks and CPU steps are slower again."""
+    ``THP_MEM_ALLOC_ENABLE=1`` (c10's ``alloc_cpu`` ``madvise``s such buffers; torch 2.13). rlkit's pinned mmap
+    threshold (:mod:`rlkit.cpu_memory`) makes each large tensor a fresh mapping; in 2 MiB pages it faults 512 times
+    less: smol_arith_grpo 60 -> 32 s a step, the same losses to the last digit (docs/performance.md). Torch reads it
+    at its first CPU allocation (the CLI calls this first); a value the user set wins; Linux only. If torch stops
+    reading it, nothing breaks and CPU steps are slower again."""
     if sys.platform.startswith("linux"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 def torch_write_failed(error: BaseException) -> bool:
-    """``torch.save`` (2.13) to a path that takes no more bytes: its zip writer raises ``RuntimeError: [enforce fail at
-    inline_container.cc:672] . unexpected pos N vs M`` with no errno. If torch rewords it, a quota hit while
-    saving a checkpoint keeps torch's traceback (a full disk is still told by the file system's free space)."""
+    """``torch.save`` (2.13) to a full path: its zip writer raises ``RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos N vs M``, no errno. If reworded, a quota hit keeps torch's traceback."""
     return isinstance(error, RuntimeError) and any(s in str(error) for s in ("inline_container.cc", "StreamWriter"))
 
 
 def safetensors_errno(error: BaseException) -> int | None:
-    """The errno of safetensors' (0.8) ``SafetensorError`` for a failed write, read from its Rust I/O error text
-    ("... No space left on device (os error 28)"). If reworded, a full disk while saving an adapter keeps its
-    traceback."""
+    """The errno of safetensors' (0.8) ``SafetensorError`` for a failed write, from its Rust I/O error text ("... (os
+    error 28)"). If reworded, a full disk while saving an adapter keeps its traceback."""
     import re
 
     found = type(error).__name__ == "SafetensorError" and re.search(r"\(os error (\d+)\)", str(error))
@@ -357,7 +346,5 @@ def keep_unsloth_compiled_cache_in(directory: Path) -> None:
     """Point Unsloth's generated trainer code at ``directory`` (``UNSLOTH_COMPILE_LOCATION``, read by
     unsloth_zoo at import; default ``./unsloth_compiled_cache`` of the working directory). A location the
     user set wins. If Unsloth stops reading it, the cache lands in the working directory again."""
-    import os
-
     os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", str(directory))
 

@@ -20,6 +20,7 @@ import math
 import os
 import shutil
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,26 @@ def checkpoint_callback(keep: int | None = None) -> Any:
                         shutil.rmtree(old)
 
     return MarkComplete()
+
+
+def time_limit_callback(minutes: float) -> Any:
+    """A TrainerCallback (``rlkit train --max-minutes``) ending training at the first step that finishes ``minutes``
+    after training began."""
+    from transformers import TrainerCallback
+
+    class TimeLimit(TrainerCallback):
+        began = 0.0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.began = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.monotonic() - self.began >= minutes * 60 and not control.should_training_stop:
+                log.info("time limit: %.2f min reached after step %d of %d; training ends here", minutes,
+                         state.global_step, state.max_steps)
+                control.should_training_stop = True
+
+    return TimeLimit()
 
 
 def versions() -> dict[str, str | None]:

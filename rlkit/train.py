@@ -153,7 +153,7 @@ def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str,
     stop = _stop_on_signal()
     trainer.add_callback(stop)
     if max_minutes is not None:
-        trainer.add_callback(_time_limit(max_minutes))
+        trainer.add_callback(runs.time_limit_callback(max_minutes))
     try:
         # On CPU, RSS follows live tensors while training: freed ones go back to the OS (see cpu_memory).
         with stop.installed(), cpu_memory.small_heap(active=not cuda_available(), trainer=trainer):
@@ -203,25 +203,6 @@ def _report(run_dir: Path, done: bool = True) -> None:
 class _Stopped(Exception):
     """Raised from a callback to leave the trainer's loop: once the checkpoint a signal asked for is saved, or at
     once in a run resumed at its last step."""
-
-
-def _time_limit(minutes: float) -> Any:
-    """A TrainerCallback that ends training at the first step finishing ``minutes`` after training began."""
-    from transformers import TrainerCallback
-
-    class TimeLimit(TrainerCallback):
-        began = 0.0
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.began = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if time.monotonic() - self.began >= minutes * 60 and not control.should_training_stop:
-                log.info("time limit: %.2f min reached after step %d of %d; training ends here", minutes,
-                         state.global_step, state.max_steps)
-                control.should_training_stop = True
-
-    return TimeLimit()
 
 
 def _stop_on_signal() -> Any:

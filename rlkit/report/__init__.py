@@ -1,7 +1,6 @@
 """``rlkit report``: PNG charts and a Markdown report for a run directory.
 
-    RUN/plots/*.png   one chart per group of metrics the run logged (reward, loss, KL, lengths, ...)
-    RUN/plots/pool.png  a GRPO run's prompt pool: prompts per pass rate (RUN/pool.json, ``sampling.pool``)
+    RUN/plots/*.png   one chart per group of metrics the run logged (reward, loss, KL, lengths, ...; the prompt pool)
     RUN/report.md     what the run was, a first/last/min/max table of its key metrics, the prompt pool and the share
                       of zero-variance groups before/after dynamic sampling (GRPO), its evals (with IFEval's
                       base -> trained check from RUN/eval/ifeval/ifeval.json, flagged past its tolerance), the
@@ -11,9 +10,8 @@
 Charts are drawn only for metrics present in ``metrics.jsonl``; the x axis is TRL's ``global_step``. A value
 that is missing, null or NaN is skipped, not drawn as zero. Every file is written under a temporary name and
 moved into place, so a reader (a browser, VS Code's preview) never sees half a PNG, even mid-training.
-The report reads named fields of the resolved recipe only, never the environment, and masks any known
-secret value (``rlkit.secrets``) that still slipped into its text. Links are relative to RUN, so
-``report.md`` renders on GitHub and in VS Code.
+The report reads named fields of the resolved recipe only, never the environment, and masks any known secret value
+(``rlkit.secrets``) that still slipped into its text. Links are relative to RUN: it renders on GitHub and VS Code.
 """
 
 from __future__ import annotations
