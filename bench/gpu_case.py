@@ -180,9 +180,9 @@ def child(case: str, model_dir: Path, run_dir: Path) -> None:
         result.update(tokens_per_second=trained / sum(timed) if timed and trained else None, tokens_measure="trained")
     if algorithm == "merge":
         from rlkit.merge import merge
-        from rlkit.train import _save_adapter
+        from rlkit.storage import save_adapter
 
-        _save_adapter(trainer, tokenizer, run_dir / "adapter")
+        save_adapter(trainer, tokenizer, run_dir / "adapter")
         del trainer
         if cuda:
             torch.cuda.empty_cache()

@@ -175,6 +175,24 @@ def test_a_fresh_stage_runs_in_its_own_process_and_records_its_peak_and_what_the
     assert re.search(rf"fresh\W+\d+\W+[\d.]+\W+[\d.]+\W+[\d.]+ GB\W+{row['stage_peak_rss_gb']:.2f} GB", out.getvalue())
 
 
+def test_a_demo_says_how_long_it_will_take_and_rescales_after_its_first_long_stage(monkeypatch):
+    """The reference minutes at the start; after the first stage of 10 s or more, the rest scaled by this machine's
+    pace on it (a stage twice as slow: the other stages' reference times doubled)."""
+    from rlkit.demos import stages as module
+
+    clock = iter([0.0, 0.0, 3.0, 3.0, 33.0])  # a 3 s stage (too short to tell), then a 30 s one
+    monkeypatch.setattr(module.time, "time", lambda: next(clock))
+    out = io.StringIO()
+    stages = module.Stages(Console(file=out, width=250))
+    stages.expect({"build": 3.0, "eval": 15.0, "train": 100.0, "eval again": 20.0}, "2 idle cores, git abc")
+    stages.run("build", lambda: None)
+    stages.run("eval", lambda: None)
+    text = out.getvalue()
+    assert "expected time: about 2 min 18 s (2 idle cores, git abc)" in text
+    assert "ran eval at 2.0x the reference time: about 4 min 0 s to go" in text  # (100 + 20) x 2
+    assert text.count("the reference time") == 1
+
+
 def test_copy_evals_takes_results_and_episodes_and_keeps_their_times(tmp_path):
     from rlkit.demos.stages import copy_evals
 

@@ -73,9 +73,9 @@ def test_faithful_bf16_merge_reproduces_the_adapter_on_its_4bit_base(faithful):
     assert m["mean_abs_logit_diff"] <= 1e-3
     assert m["mean_kl"] <= 1e-6
     # Rounding can only break positions the reference itself nearly tied (other seeds: top-1 0.985-0.993,
-    # every flip at a reference top-2 margin < 3e-3); this run on the CPU has none, so agreement is exact there
-    # (trained on a GPU: 0.996, seen on an H200).
-    assert m["top1_agreement"] == 1.0 if not torch.cuda.is_available() else m["top1_agreement"] >= 0.99
+    # every flip at a reference top-2 margin < 3e-3); on a CPU without AMX this run has none, with AMX (which
+    # rounds the products otherwise) an occasional one (trained on a GPU: 0.996, seen on an H200); none decided.
+    assert m["top1_agreement"] >= 0.99 and m["decided_flips"] == 0
     assert m["max_abs_logit_diff"] <= 1e-2
     assert m["top1_flip_max_ref_margin"] <= 5e-3
     assert m["greedy_match"] >= 0.5

@@ -156,7 +156,8 @@ def test_refill_rows_are_seeded_and_repeated_per_group():
     ("sampling.max_rounds=0", "sampling.max_rounds: Input should be greater than 0"),
     ("sampling.pool.keep=weighted", "sampling.pool.keep: Input should be 'learnable' or 'all'"),
     ("sampling.pool.samples=1", "sampling.pool.samples: Input should be greater than or equal to 2"),
-    ("sampling.refill=2", "sampling.refill: unknown key"),
+    ("sampling.refill=2", "sampling.refill: Input should be a valid boolean"),
+    ("sampling.refil=false", "sampling.refil: unknown key"),
 ])
 def test_bad_sampling_values_are_one_line_errors(override, message):
     with pytest.raises(UserError, match=message) as e:
@@ -232,6 +233,36 @@ def test_dynamic_sampling_drops_constant_groups_and_refills_from_new_prompts(tab
     assert metrics["dynamic_sampling/zero_std_after"] == [0.0]
     assert metrics["dynamic_sampling/extra_rounds"] == [len(draws) - 1]
     assert metrics["dynamic_sampling/extra_prompts"] == [sum(len(i) for i, _ in draws[1:]) // group]
+
+
+def test_without_refills_the_loss_sees_only_the_groups_with_signal(table_trainer, draws, monkeypatch):
+    """`sampling.refill: false` (max_rounds 0): one draw, its two groups with signal (rows 0-3 and 12-15) alone in the
+    batch, TRL's advantages and completions unchanged, the loss tokens counted again; all constant: one group."""
+    trainer, _ = table_trainer
+    trainer._metrics["train"].clear()
+    monkeypatch.setattr(trainer, "max_rounds", 0)
+    out = trainer._generate_and_score_completions(_rows(trainer, [2, 0, 1, 2]))
+    assert len(draws) == 1 and trainer.args.steps_per_generation == 1
+    first = draws[0][1]
+    rows = [*range(0, 4), *range(12, 16)]
+    assert out["advantages"].tolist() == first["advantages"][rows].tolist()
+    width = first["completion_ids"].shape[1]
+    assert torch.equal(out["completion_ids"][:, :width], first["completion_ids"][rows])
+    assert out["num_items_in_batch"].item() == first["completion_mask"][rows].sum().item()
+    metrics = trainer._metrics["train"]
+    assert metrics["dynamic_sampling/groups_trained"] == [0.5] and metrics["dynamic_sampling/zero_std_after"] == [0.0]
+    assert metrics["dynamic_sampling/extra_rounds"] == [0] and metrics["frac_reward_zero_std"] == [0.5]
+    monkeypatch.setattr(sys.modules["table_rewards"], "CONSTANT", True)
+    out = trainer._generate_and_score_completions(_rows(trainer, [0, 1, 2, 0]))
+    assert out["advantages"].shape == (4,) and metrics["dynamic_sampling/groups_trained"][-1] == 0.25
+
+
+@pytest.mark.parametrize("mask, chunks, groups", [
+    ([True, False, True, False], 1, 2), ([True, False, True, False], 4, 4), ([True, False, False, False], 2, 4),
+    ([True] * 4, 1, 1), ([True] * 4, 2, 2),
+])
+def test_trained_groups_round_up_to_whole_chunks(mask, chunks, groups):
+    assert dynamic.trained_groups(mask, chunks) == groups
 
 
 def test_the_bound_is_respected_and_the_batch_kept_whole(table_trainer, draws, monkeypatch):

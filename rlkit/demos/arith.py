@@ -30,6 +30,10 @@ SUITE, ROBUST = "arith", "robust"  # recipes/suites/: the sets the demos report
 QUICK = ("box", "two-digit", "other-wording", "ask-mix")  # `make demo`'s sets; `make demo-full` reports all
 GSM8K_EASIEST = 100
 MODELS = ("base", "SFT", "GRPO", "SFT continued")
+# `make demo`'s stages, seconds on 2 idle cores (git TODO, `/usr/bin/time -v make demo`): what it says it will take.
+REFERENCE = {"base eval": 0.0, "SFT training": 0.0, "SFT eval": 0.0, "GRPO training": 0.0, "GRPO eval": 0.0,
+             "SFT continued (control)": 0.0, "control eval": 0.0}
+REFERENCE_RUN = "2 idle cores, git TODO"
 
 
 def eval_sets(gsm8k_file: Path | None, full: bool = False) -> list[tuple[str, str, list[str]]]:
@@ -101,6 +105,8 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
     sets = eval_sets(gsm8k_file, full)
     stages = Stages(console)
     timed = stages.run
+    if not (full or limit or overrides or grpo_overrides):  # the measured configuration
+        stages.expect({k: v for k, v in REFERENCE.items() if control or "control" not in k}, REFERENCE_RUN)
     steps = 7 if control else 5
 
     def evaluate_all(tag: str, model: str | None) -> list[dict[str, Any]]:

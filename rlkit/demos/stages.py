@@ -221,6 +221,22 @@ class Stages:
         self.extra: dict[str, Any] = {}
         self.tables: list[Any] = []
         self.shown: list[Any] = []  # the demo's own results tables, printed as they come (show)
+        self.reference: dict[str, float] = {}  # each stage's seconds on a reference machine (expect)
+        self.paced = False
+
+    def expect(self, reference: dict[str, float], measured: str) -> None:
+        """Say how long the demo should take: ``reference`` holds each stage's seconds as ``measured`` (a machine and
+        commit); once the first of them has run here, the rest is scaled by how this machine kept pace with it."""
+        self.reference = reference
+        self.console.print(f"expected time: about {_minutes(sum(reference.values()))} ({measured}); "
+                           "the estimate for this machine follows the first stage")
+
+    def _pace(self, name: str, seconds: float) -> None:
+        if self.paced or self.reference.get(name, 0) < 10:  # the first stage long enough to tell
+            return
+        self.paced, pace = True, seconds / self.reference[name]
+        left = sum(v for k, v in self.reference.items() if k not in {r["stage"] for r in self.rows}) * pace
+        self.console.print(f"this machine ran {name} at {pace:.1f}x the reference time: about {_minutes(left)} to go")
 
     def show(self, table: Any) -> None:
         """Print a results table (:func:`rlkit.evaluate.show.results_table`: whole at any width) now; :meth:`finish`
@@ -260,6 +276,7 @@ class Stages:
         self.console.print(f"[dim]{name}: {self.rows[-1]['seconds']:.0f}s (1-min load average "
                            f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
                            f"{fresh}peak RSS so far {_gb(peak)})[/]")
+        self._pace(name, self.rows[-1]["seconds"])
         return value
 
     def finish(self, rows: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
@@ -300,3 +317,7 @@ class Stages:
 
 def _gb(value: float) -> str:
     return f"{value:.2f} GB"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"

@@ -234,6 +234,8 @@ class SamplingSpec(Strict):
                           "groups of new prompts (DAPO's dynamic sampling)")
     max_rounds: int = Field(2, gt=0, description="extra generation rounds per batch at most; a batch still short "
                             "after them is filled with dropped groups")
+    refill: bool = Field(True, description="false: no new prompts; the loss is computed on the groups with signal "
+                         "alone (a smaller batch, a cheaper step; padded to a multiple of steps_per_generation)")
     pool: PoolSpec | None = None
 
 

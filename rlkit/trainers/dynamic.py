@@ -10,6 +10,9 @@ as TRL's ``RepeatSampler`` does), up to ``max_rounds`` extra rounds; a batch sti
 with dropped groups (the first draw's first), so the batch keeps the size TRL expects. TRL generates, scores,
 computes advantages and log-probs; rlkit only picks rows and pads them to one width.
 
+- With ``sampling.refill: false`` (``max_rounds`` 0 here) nothing is drawn again: the loss is computed on the groups
+  with signal alone (padded with dropped ones to a multiple of ``steps_per_generation``), a smaller batch whose
+  backward pass costs less: on a CPU the loss, not the generation, is most of a GRPO step.
 - A refill round draws ``shortfall / (share of groups with signal so far)`` prompts (at most the batch's group
   count): one larger generation call costs less than several small ones, on a CPU most of all.
 - The refill prompts come from the train dataset (after the prompt pool's filter), drawn without replacement per
@@ -98,6 +101,12 @@ def choose(masks: list[list[bool]], need: int) -> list[tuple[int, int]]:
     return (signal + dropped)[:need]
 
 
+def trained_groups(mask: list[bool], chunks: int) -> int:
+    """Without refills (``sampling.refill: false``): the groups with signal, at least one, rounded up to a multiple of
+    ``chunks`` (TRL splits a generation batch into ``steps_per_generation`` equal parts), at most the batch."""
+    return min(len(mask), math.ceil(max(1, mask.count(False)) / chunks) * chunks)
+
+
 def refill_size(masks: list[list[bool]], need: int) -> int:
     """Prompts to draw next: the shortfall divided by the share of groups with signal so far, at most ``need``."""
     seen = sum(len(m) for m in masks)
@@ -164,9 +173,10 @@ def trainer_class() -> type:
                     del metrics[key][first[key]:]
                 else:
                     del metrics[key]
-            picks = choose(masks, need)
+            picks = choose(masks, need if self.max_rounds else trained_groups(masks[0], self.args.steps_per_generation))
             metrics[PREFIX + "zero_std_before"].append(sum(masks[0]) / need)
-            metrics[PREFIX + "zero_std_after"].append(sum(masks[d][g] for d, g in picks) / need)
+            metrics[PREFIX + "zero_std_after"].append(sum(masks[d][g] for d, g in picks) / len(picks))
+            metrics[PREFIX + "groups_trained"].append(len(picks) / need)
             metrics[PREFIX + "extra_rounds"].append(len(draws) - 1)
             metrics[PREFIX + "extra_prompts"].append(drawn)
             if picks == [(0, g) for g in range(need)]:  # TRL's batch as it was (all signal, or nothing better)

@@ -103,7 +103,7 @@ def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds
         extra["environment_factory"] = env_factory(recipe)
     cls = GRPOTrainer
     if recipe.sampling is not None and recipe.sampling.dynamic:
-        cls, extra["max_rounds"] = dynamic.trainer_class(), recipe.sampling.max_rounds
+        cls, extra["max_rounds"] = dynamic.trainer_class(), recipe.sampling.max_rounds if recipe.sampling.refill else 0
     train_ds = fit_context(recipe, tokenizer, train_ds, args)
     return cls(model=model, reward_funcs=reward_functions(recipe), args=args, train_dataset=train_ds,
                processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **extra)
