@@ -30,10 +30,11 @@ SUITE, ROBUST = "arith", "robust"  # recipes/suites/: the sets the demos report
 QUICK = ("box", "two-digit", "other-wording", "ask-mix")  # `make demo`'s sets; `make demo-full` reports all
 GSM8K_EASIEST = 100
 MODELS = ("base", "SFT", "GRPO", "SFT continued")
-# `make demo`'s stages, seconds on 2 idle cores (git TODO, `/usr/bin/time -v make demo`): what it says it will take.
-REFERENCE = {"base eval": 0.0, "SFT training": 0.0, "SFT eval": 0.0, "GRPO training": 0.0, "GRPO eval": 0.0,
-             "SFT continued (control)": 0.0, "control eval": 0.0}
-REFERENCE_RUN = "2 idle cores, git TODO"
+# `make demo`'s stages, seconds on 2 idle cores (git 5b2f15a, `/usr/bin/time -v make demo`: 12 min 35 s in all, the
+# model cached): what it says at the start it will take.
+REFERENCE = {"base eval": 69.0, "SFT training": 236.0, "SFT eval": 70.0, "GRPO training": 109.0, "GRPO eval": 72.0,
+             "SFT continued (control)": 115.0, "control eval": 67.0}
+REFERENCE_RUN = "on 2 idle cores at git 5b2f15a"
 
 
 def eval_sets(gsm8k_file: Path | None, full: bool = False) -> list[tuple[str, str, list[str]]]:
@@ -128,19 +129,20 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
     evals: dict[str, list[dict[str, Any]]] = {}
     console.rule("evaluate the base model (greedy)")
     evals["base"] = timed("base eval", lambda: evaluate_all("base", None))
-    console.rule(f"2/{steps}  SFT (LoRA) on worked answers in several prompt forms ({SFT})")
+    console.rule(f"2/{steps}  SFT (LoRA) on worked answers, three prompt forms ({SFT})")
     timed("SFT training", lambda: train(sft_recipe, overrides, output_dir=sft_dir, overwrite=True, doctor=False))
     console.rule(f"3/{steps}  evaluate after SFT (greedy)")
     evals["SFT"] = timed("SFT eval", lambda: evaluate_all("sft", str(sft_dir)))
-    console.rule(f"4/{steps}  GRPO on generated arithmetic word problems, from the SFT adapter ({RECIPE})")
+    console.rule(f"4/{steps}  GRPO from the SFT adapter ({RECIPE})")
     grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
     timed("GRPO training", lambda: train(recipe, grpo_set, output_dir=run_dir, overwrite=True, doctor=False))
     console.rule(f"5/{steps}  evaluate after GRPO (greedy)")
     evals["GRPO"] = timed("GRPO eval", lambda: evaluate_all("grpo", str(run_dir)))
     if control:
         minutes = train_minutes(run_dir)
-        console.rule(f"6/{steps}  the control: SFT continued from the SFT adapter on GRPO's problems for the "
-                     f"{minutes:.1f} minutes GRPO trained")
+        console.rule(f"6/{steps}  SFT continued for GRPO's minutes (the control)")
+        console.print(f"SFT continued from the SFT adapter on GRPO's problems for the {minutes:.1f} minutes GRPO "
+                      "trained")
         timed("SFT continued (control)", lambda: train(sft_recipe, control_set, output_dir=control_dir,
                                                        overwrite=True, doctor=False, max_minutes=minutes))
         console.rule(f"7/{steps}  evaluate the control (greedy)")
