@@ -444,3 +444,17 @@ def test_train_with_dynamic_sampling_and_the_pool_end_to_end(tmp_path, table_rew
     assert f"| {before:.3f} | 2 |" in report
     assert "after dynamic sampling (the batch trained on)" in report
     assert (run / "plots" / "pool.png").stat().st_size > 0 and (run / "plots" / "zero_variance.png").stat().st_size > 0
+
+
+def test_the_report_says_how_much_of_each_batch_the_loss_saw_without_refills():
+    from rlkit.report.sampling import zero_variance_lines
+
+    rows = [{"step": s, "frac_reward_zero_std": z, "dynamic_sampling/zero_std_before": z,
+             "dynamic_sampling/zero_std_after": 0.0, "dynamic_sampling/extra_rounds": 0.0,
+             "dynamic_sampling/extra_prompts": 0.0, "dynamic_sampling/groups_trained": 1 - z}
+            for s, z in ((1, 0.625), (2, 0.75))]
+    text = "\n".join(zero_variance_lines(rows))
+    assert "| before dynamic sampling (the first draw) | 0.625 | 0.750 | 0.688 | 2 |" in text
+    assert "the loss saw 0.312 of each generation batch's groups" in text and "Refills:" not in text
+    refilled = [{k: v for k, v in r.items() if k != "dynamic_sampling/groups_trained"} for r in rows]
+    assert "Refills: 0.00 extra generation rounds" in "\n".join(zero_variance_lines(refilled))

@@ -87,13 +87,18 @@ def zero_variance_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["", "## Zero-variance groups", "",
              "Share of the step's groups whose completions all earned the same reward (advantage 0: GRPO learns "
              "nothing from them). Dynamic sampling (`sampling.dynamic`) drops them and refills the batch with new "
-             "prompts' groups.", "", "| share of groups | first step | last step | mean over steps | steps |",
+             "prompts' groups, or with `refill: false` trains on the rest alone.", "",
+             "| share of groups | first step | last step | mean over steps | steps |",
              "|---|---|---|---|---|"]
     lines += [f"| {label} | {values[0]:.3f} | {values[-1]:.3f} | {statistics.fmean(values):.3f} | {len(values)} |"
               for _, label, values in found]
     rounds = series(rows, "dynamic_sampling/extra_rounds")[1]
     prompts = series(rows, "dynamic_sampling/extra_prompts")[1]
-    if rounds:
+    trained = series(rows, "dynamic_sampling/groups_trained")[1]
+    if trained:  # sampling.refill: false
+        lines += ["", f"No refills: the loss saw {statistics.fmean(trained):.3f} of each generation batch's groups on "
+                      "average, the others left out."]
+    elif rounds:
         lines += ["", f"Refills: {statistics.fmean(rounds):.2f} extra generation rounds and "
                       f"{statistics.fmean(prompts):.1f} extra prompts per generation batch on average."]
     return lines

@@ -176,7 +176,8 @@ def trainer_class() -> type:
             picks = choose(masks, need if self.max_rounds else trained_groups(masks[0], self.args.steps_per_generation))
             metrics[PREFIX + "zero_std_before"].append(sum(masks[0]) / need)
             metrics[PREFIX + "zero_std_after"].append(sum(masks[d][g] for d, g in picks) / len(picks))
-            metrics[PREFIX + "groups_trained"].append(len(picks) / need)
+            if not self.max_rounds:  # sampling.refill: false
+                metrics[PREFIX + "groups_trained"].append(len(picks) / need)
             metrics[PREFIX + "extra_rounds"].append(len(draws) - 1)
             metrics[PREFIX + "extra_prompts"].append(drawn)
             if picks == [(0, g) for g in range(need)]:  # TRL's batch as it was (all signal, or nothing better)
