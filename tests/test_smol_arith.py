@@ -157,6 +157,9 @@ def test_demo_runs_every_stage_and_reports_each_against_the_one_before(tmp_path)
     assert train_minutes(control) <= train_minutes(run) + 1  # stopped at GRPO's minutes (plus its last step)
     if ifeval:  # base -> SFT -> GRPO -> control on the demo's first `limit` IFEval prompts, in demo.json and the report
         assert [(r["role"], r["n"]) for r in summary["ifeval"]["rows"]] == [(m, 3) for m in MODELS]
+        # each model against the base, then what GRPO cost: against its SFT and against the same minutes of SFT
+        assert [(c["role"], c["against"]) for c in summary["ifeval"]["comparisons"]] == [
+            ("SFT", "base"), ("GRPO", "base"), ("SFT continued", "base"), ("GRPO", "SFT"), ("GRPO", "SFT continued")]
         assert "## General ability: IFEval" in (run / "report.md").read_text()
     assert sorted(p.name for p in (run / "eval").glob("*.json")) == sorted(
         f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo", "control") for slug in slugs)

@@ -36,8 +36,12 @@ def ifeval_check(stages: Any, recipe: Path, overrides: list[str], models: list[t
     settings = [f"eval.ifeval.limit={limit or LIMIT}", f"eval.ifeval.max_new_tokens={MAX_NEW_TOKENS}",
                 f"eval.batch_size={BATCH_SIZE}", *overrides]
     stages.console.rule(f"IFEval: instruction following, {' -> '.join(name for name, _ in models)}")
+    roles = [name for name, _ in models]
+    # what GRPO cost against the SFT it started from, and against the same minutes of SFT (the control)
+    stages_ = [(role, against) for role, against in (("GRPO", "SFT"), ("GRPO", "SFT continued"))
+               if {role, against} <= set(roles)]
     check = partial(compare_models, [(name, recipe, model) for name, model in models], prompts, out,
-                    overrides=settings, show_progress=False)
+                    overrides=settings, show_progress=False, stages=stages_ or None)
     summary = stages.run_fresh("IFEval check", check) if fresh else stages.run("IFEval check", check)
     stages.extra["ifeval"] = summary
     stages.tables.append(ifeval_table(summary, title=f"general ability: IFEval, first {summary['rows'][0]['n']} "

@@ -167,11 +167,12 @@ def run_ifeval(target: str, prompts: str | Path, *, model: str | None = None, ba
 
 def compare_models(models: list[tuple[str, str | Path, str | None]], prompts: str | Path, out: str | Path, *,
                    limit: int | None = None, max_new_tokens: int | None = None, overrides: list[str] | None = None,
-                   smoke: bool = False, show_progress: bool = True, served: Served | None = None) -> dict[str, Any]:
+                   smoke: bool = False, show_progress: bool = True, served: Served | None = None,
+                   stages: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """IFEval on each ``(role, target, model)`` in turn, into ``out/<role>.json``; writes and returns the summary
     ``out/ifeval.json``: ``rows`` (one per model) and ``comparisons``: when the first role is ``base``, every other
-    model against it, and with three or more models the last against the one before it (what the last stage cost),
-    each with the tolerance flag of the last model's recipe."""
+    model against it, then each ``(role, against)`` of ``stages`` (default: with three or more models the last against
+    the one before it, what the last stage cost), each with the tolerance flag of the last model's recipe."""
     prompts_file(prompts)  # a missing file fails before any model loads
     out = safety.check_target(out, "--out")
     summary_path = out / SUMMARY
@@ -185,7 +186,10 @@ def compare_models(models: list[tuple[str, str | Path, str | None]], prompts: st
                      "seconds": res["seconds"], "metrics": res["metrics"], "results": res["path"]})
     tolerance = results[-1]["tolerance"]  # the trained model's recipe says how much it may lose
     pairs = [(0, i) for i in range(1, len(rows))] if rows[0]["role"] == "base" else []
-    if len(rows) >= 3:
+    index = {row["role"]: i for i, row in enumerate(rows)}
+    if stages is not None:
+        pairs += [(index[against], index[role]) for role, against in stages]
+    elif len(rows) >= 3:
         pairs.append((len(rows) - 2, len(rows) - 1))
     comparisons = [{"role": rows[i]["role"], "against": rows[j]["role"], **compare(results[j], results[i], tolerance)}
                    for j, i in dict.fromkeys(pairs)]

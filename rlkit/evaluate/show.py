@@ -79,7 +79,7 @@ def ifeval_table(summary: dict[str, Any], title: str | None = None) -> Any:
                  "accuracy [95% interval]", rows,
         caption=f"prompt = every instruction of a prompt followed (Wilson); inst = instructions followed (bootstrap "
                 f"over prompts). Difference: paired, exact McNemar; flagged when prompt strict falls more than "
-                f"{summary['tolerance']:.3f} below the base")
+                f"{summary['tolerance']:.3f} below the model it is compared with")
 
 
 def print_ifeval(summary: dict[str, Any]) -> None:
