@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Offline by default for tests and the demo: nothing here downloads models or data.
-OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 UNSLOTH_DISABLE_CPU_FALLBACK=1 WANDB_MODE=offline
+# Offline by default for tests and the demo: nothing here downloads models or data. No WANDB_MODE here: set to
+# offline, transformers prints a line at import; rlkit's tracking goes offline by itself (tests: conftest.py).
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 UNSLOTH_DISABLE_CPU_FALLBACK=1
 SMOKE ?=
 # The torch `make install` puts into a venv that has none (pyproject.toml allows a range).
 TORCH ?= 2.13.0
