@@ -262,3 +262,26 @@ def test_a_fault_that_is_not_the_disks_keeps_its_traceback(tmp_path):
     quota = r"checkpoint-1: cannot write the checkpoint: disk quota exceeded$"
     with pytest.raises(StorageError, match=quota), storage.writing("the checkpoint", tmp_path / "checkpoint-1"):
         raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+
+def test_a_fault_removes_only_the_folder_the_block_made(tmp_path):
+    """A checkpoint folder that existed before the save (a user's, or an earlier run's) survives a full disk; the
+    one the save itself created goes, and nothing beside it."""
+    from rlkit import storage
+    from rlkit.errors import StorageError
+
+    old = tmp_path / "checkpoint-1"
+    old.mkdir()
+    (old / "notes.txt").write_text("keep")
+    new = tmp_path / "checkpoint-2"
+
+    def full_disk(path: Path, created: Path | None) -> None:
+        with pytest.raises(StorageError), storage.writing("the checkpoint", path, created=created):
+            path.mkdir(exist_ok=True)
+            (path / "model.bin").write_bytes(b"x")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path / "model.bin"))
+
+    full_disk(old, None)  # what the checkpoint guard passes for a folder that was there
+    full_disk(new, new)
+    assert (old / "notes.txt").read_text() == "keep" and not new.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
