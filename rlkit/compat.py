@@ -137,8 +137,10 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 # --- trl.experimental.ppo (TRL 1.12; experimental, absent from the 1.13+ wheels) ------------------
 
 
-def _silence_experimental_warning() -> None:
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rlkit pins TRL; the warning says nothing new
+def silence_experimental_warning() -> None:
+    """TRL warns on each use of an experimental API (PPO, GRPO's ``environment_factory``); rlkit pins TRL and tests
+    those APIs under each version it allows, so the warning tells a user nothing they can act on."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 PPO_MISSING = ("PPO needs TRL's PPOTrainer, which TRL {version} no longer has (removed in 1.13); "
@@ -146,7 +148,7 @@ PPO_MISSING = ("PPO needs TRL's PPOTrainer, which TRL {version} no longer has (r
 
 
 def _ppo(name: str) -> type:
-    _silence_experimental_warning()
+    silence_experimental_warning()
     try:
         import trl.experimental.ppo as ppo
     except ModuleNotFoundError as e:

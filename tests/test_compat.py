@@ -1,6 +1,7 @@
 """Canaries for rlkit.compat: one per entry, each checking that the upstream internal still exists and
 behaves as the entry assumes. A failure names the installed version of the library that changed."""
 
+import importlib
 import importlib.util
 import inspect
 import os
@@ -85,6 +86,27 @@ def test_trl_tool_loop_rules():
     canary('result = {"error": str(e)}' in loop and "str(result)" in loop, "trl",
            "GRPOTrainer._tool_call_loop no longer reports a failed tool call as str({'error': message})")
     canary(compat.trl_tool_error("boom") == "{'error': 'boom'}", "rlkit", "trl_tool_error changed")
+
+
+def test_a_tool_grpo_run_does_not_print_trls_experimental_warning(tmp_path, monkeypatch):
+    """TRL warns at each GRPOTrainer built with ``environment_factory`` unless TRL_EXPERIMENTAL_SILENCE=1 (read
+    then, not at import); rlkit sets it, so `make demo-calc`'s screen has no warning a user cannot act on."""
+    import warnings
+
+    from rlkit.recipe import load_recipe, recipes_dir
+    from rlkit.train import build_trainer
+
+    monkeypatch.delenv("TRL_EXPERIMENTAL_SILENCE", raising=False)
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    recipe = load_recipe(recipes_dir() / "multihop_rag_grpo.yaml", smoke=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_trainer(recipe, tmp_path, smoke=True)
+    source = inspect.getsource(importlib.import_module("trl.trainer.grpo_trainer"))
+    canary("TRL_EXPERIMENTAL_SILENCE" in source, "trl", "GRPOTrainer no longer reads TRL_EXPERIMENTAL_SILENCE")
+    assert recipe.env is not None
+    assert not [w for w in caught if "experimental" in str(w.message)], [str(w.message) for w in caught]
+    assert os.environ["TRL_EXPERIMENTAL_SILENCE"] == "1"
 
 
 @pytest.mark.ppo

@@ -16,6 +16,7 @@ import logging
 import math
 from typing import Any
 
+from rlkit import compat
 from rlkit.data import env_factory, load_rows, task_rows
 from rlkit.envs import env_metrics, recipe_tool_schemas
 from rlkit.errors import UserError
@@ -100,6 +101,7 @@ def build(recipe: Recipe, model: Any, tokenizer: Any, peft_config: Any, train_ds
 
     extra: dict[str, Any] = {}
     if recipe.env is not None:
+        compat.silence_experimental_warning()
         extra["environment_factory"] = env_factory(recipe)
     cls = GRPOTrainer
     if recipe.sampling is not None and recipe.sampling.dynamic:
