@@ -94,8 +94,7 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None, grpo_ove
     evals["GRPO"] = stages.run("GRPO eval", lambda: evaluate_both("grpo", str(grpo_dir)))
     if control:
         minutes = train_minutes(grpo_dir)
-        console.rule(f"7/{steps}  the control: SFT continued on oracle trajectories of GRPO's problems for the "
-                     f"{minutes:.1f} minutes GRPO trained")
+        console.rule(f"7/{steps}  the control: SFT continued for GRPO's {minutes:.1f} min on its problems")
         stages.run("SFT continued (control)", lambda: train(sft_recipe, control_set, output_dir=control_dir,
                                                             overwrite=True, max_minutes=minutes))
         console.rule(f"8/{steps}  evaluate the control")

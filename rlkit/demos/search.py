@@ -137,8 +137,7 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     evaluated = [base, sft, grpo]
     if control:
         minutes = train_minutes(grpo_dir)
-        console.rule(f"8/{steps}  the control: SFT continued on the teacher's rows for the {minutes:.1f} minutes GRPO "
-                     "trained")
+        console.rule(f"8/{steps}  the control: SFT continued for GRPO's {minutes:.1f} min on the teacher's rows")
         stages.run_fresh("SFT continued (control)", train, sft_recipe, control_set, output_dir=control_dir,
                          overwrite=True, max_minutes=minutes)
         console.rule(f"9/{steps}  evaluate the control")
