@@ -80,6 +80,7 @@ def training_callback(label: str) -> Any:
         def __init__(self) -> None:
             self.progress: Any = None
             self.started, self.first_step = time.time(), 0
+            self.limit: float | None = None  # seconds (rlkit train --max-minutes): training ends then, not at max_steps
 
         def on_train_begin(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:
@@ -90,8 +91,8 @@ def training_callback(label: str) -> Any:
 
                 self.progress = Progress(*_columns(TextColumn("{task.fields[metrics]}")), console=console())
                 self.progress.start()
-                self.task = self.progress.add_task(label, total=state.max_steps, completed=state.global_step,
-                                                   metrics="")
+                self.task = self.progress.add_task(label, total=None if self.limit else state.max_steps,
+                                                   completed=state.global_step, metrics="")
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.progress is not None:
@@ -106,6 +107,10 @@ def training_callback(label: str) -> Any:
                 return
             elapsed = time.time() - self.started
             done = state.global_step - self.first_step
+            if self.limit is not None:
+                log.info("step %d  %s  (%s elapsed, %s left of the %s limit)", state.global_step, text,
+                         _duration(elapsed), _duration(max(self.limit - elapsed, 0.0)), _duration(self.limit))
+                return
             left = elapsed / done * (state.max_steps - state.global_step) if done > 0 else 0.0
             log.info("step %d/%d  %s  (%s elapsed, %s left)", state.global_step, state.max_steps, text,
                      _duration(elapsed), _duration(left))
@@ -116,3 +121,11 @@ def training_callback(label: str) -> Any:
                 self.progress = None
 
     return TrainingProgress()
+
+
+def set_time_limit(trainer: Any, minutes: float) -> None:
+    """Tell the trainer's progress callback that ``rlkit train --max-minutes`` ends the run: it counts time left
+    against the limit, not against ``max_steps`` (which a time-limited run sets far out of reach)."""
+    for callback in trainer.callback_handler.callbacks:
+        if hasattr(callback, "limit") and type(callback).__name__ == "TrainingProgress":
+            callback.limit = minutes * 60

@@ -154,6 +154,7 @@ def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str,
     trainer.add_callback(stop)
     if max_minutes is not None:
         trainer.add_callback(runs.time_limit_callback(max_minutes))
+        progress.set_time_limit(trainer, max_minutes)
     try:
         # On CPU, RSS follows live tensors while training: freed ones go back to the OS (see cpu_memory).
         with stop.installed(), cpu_memory.small_heap(active=not cuda_available(), trainer=trainer):

@@ -68,3 +68,26 @@ def test_bars_draw_only_on_a_terminal(monkeypatch):
     assert "rollouts" in screen.getvalue() and "3/3" in screen.getvalue()
     assert progress.summarize({"loss": 0.51234, "reward": 1.5, "reward_std": 0.25, "step": 3}) == \
         "loss 0.512  reward 1.5  ± 0.25"
+
+
+def test_a_time_limited_run_counts_time_left_against_its_limit_not_max_steps(tmp_path, caplog, monkeypatch):
+    """`rlkit train --max-minutes` (the demos' equal-time control) sets max_steps out of reach: the log line and
+    the bar count down the limit instead of printing hundreds of hours left."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(progress, "interactive", lambda: False)
+    callback = progress.training_callback("sft")
+    progress.set_time_limit(SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[object(), callback])), 10)
+    with caplog.at_level("INFO", logger="rlkit"):
+        drive(callback, tmp_path, {"loss": 0.5}, max_steps=2)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1", "2"]
+    assert all(line.endswith(" left of the 10m00s limit)") and line.split()[-6] in ("9m59s", "10m00s")
+               for line in lines), lines
+    screen = io.StringIO()
+    monkeypatch.setattr(progress, "interactive", lambda: True)
+    monkeypatch.setattr(progress, "console", lambda: Console(file=screen, force_terminal=True, width=120))
+    callback = progress.training_callback("sft")
+    progress.set_time_limit(SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback])), 10)
+    drive(callback, tmp_path, {"loss": 0.5}, max_steps=2)
+    assert "2/?" in screen.getvalue() and "/2 " not in screen.getvalue()
