@@ -137,9 +137,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 # --- trl.experimental.ppo (TRL 1.12; experimental, absent from the 1.13+ wheels) ------------------
 
 
-def silence_experimental_warning() -> None:
-    """TRL warns on each use of an experimental API (PPO, GRPO's ``environment_factory``); rlkit pins TRL and tests
-    those APIs under each version it allows, so the warning tells a user nothing they can act on."""
+def silence_experimental_warning() -> None:  # PPO, environment_factory: rlkit pins and tests them
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
