@@ -127,5 +127,5 @@ def set_time_limit(trainer: Any, minutes: float) -> None:
     """Tell the trainer's progress callback that ``rlkit train --max-minutes`` ends the run: it counts time left
     against the limit, not against ``max_steps`` (which a time-limited run sets far out of reach)."""
     for callback in trainer.callback_handler.callbacks:
-        if hasattr(callback, "limit") and type(callback).__name__ == "TrainingProgress":
+        if type(callback).__name__ == "TrainingProgress":
             callback.limit = minutes * 60
