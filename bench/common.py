@@ -4,8 +4,8 @@ A benchmark produces *figures* (one number each, with the target it is held to, 
 (the measurements behind them). `write` saves both as JSON and as a Markdown page, and prints the
 tables; `bench/run.py` gathers every page's figures into `results/README.md`.
 
-Only the standard library and rich are imported here, so `bench/help.py` can time `rlkit --help`
-without loading torch first.
+Only the standard library, rich and rlkit's light demo helpers are imported here, so `bench/help.py` can time
+`rlkit --help` without loading torch first.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from rlkit.demos.stages import cpu_model  # the standard library only: no torch
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
@@ -35,7 +37,7 @@ _PACKAGES = ("rlkit", "torch", "transformers", "trl", "peft", "datasets", "bm25s
 def machine() -> dict[str, Any]:
     """Where the numbers were measured: CPU, cores, RAM, OS, Python, package versions, date, load."""
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "gpu": _gpu(),
         "cores": os.cpu_count(),
         "ram_gib": _ram_gib(),
@@ -93,16 +95,6 @@ def others_cpu_share() -> float | None:
         return None
     wall, machine_busy, ours = (b - a for a, b in zip(_START, end, strict=True))
     return round(max(0.0, machine_busy - ours) / (wall * (os.cpu_count() or 1)), 3)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _gpu() -> str | None:

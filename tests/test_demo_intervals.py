@@ -175,6 +175,23 @@ def test_a_fresh_stage_runs_in_its_own_process_and_records_its_peak_and_what_the
     assert re.search(rf"fresh\W+\d+\W+[\d.]+\W+[\d.]+\W+[\d.]+ GB\W+{row['stage_peak_rss_gb']:.2f} GB", out.getvalue())
 
 
+def test_the_summary_names_the_cpu_and_its_bf16_units(tmp_path, monkeypatch):
+    """Stage times compare only between CPUs with the same bf16 matmul units: demo.json and the total line say which."""
+    from rlkit.demos import stages as module
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx512f avx512_bf16 amx_tile amx_bf16\n")
+    assert module.cpu_model(info) == "Some Xeon (amx_bf16, avx512_bf16)"
+    info.write_text("processor\t: 0\nmodel name\t: Some EPYC\nflags\t\t: fpu avx2 avx512f\n")
+    assert module.cpu_model(info) == "Some EPYC"  # no bf16 units: the name alone
+    assert module.cpu_model(tmp_path / "absent")  # no /proc: platform's name for it
+    monkeypatch.setattr(module, "cpu_model", lambda: "Some Xeon (amx_bf16)")
+    out = io.StringIO()
+    summary = module.Stages(Console(file=out, width=250)).finish([], tmp_path)
+    assert summary["cpu"] == json.loads((tmp_path / "demo.json").read_text())["cpu"] == "Some Xeon (amx_bf16)"
+    assert f"on {os.cpu_count()} CPUs (Some Xeon (amx_bf16))" in out.getvalue()
+
+
 def test_a_demo_says_how_long_it_will_take_and_rescales_after_its_first_long_stage(monkeypatch):
     """The reference minutes at the start; after the first stage of 10 s or more, the rest scaled by this machine's
     pace on it (a stage twice as slow: the other stages' reference times doubled)."""

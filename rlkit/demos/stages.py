@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import shutil
 import signal
 import sys
@@ -293,10 +294,12 @@ class Stages:
             round(s["stage_peak_rss_gb"] + s["demo_rss_gb"], 3) for s in self.rows if "stage_peak_rss_gb" in s])
         at_once = f" (at most {_gb(together)} at once, a stage's process and the demo's)" if together > peak else ""
         write_markdown(output_dir / "table.md", [*self.shown, *self.tables])
-        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs, peak resident memory {_gb(peak)}{at_once}; "
-                           f"the runs, evals and predictions are in {output_dir}/ (the tables: table.md)")
+        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs ({cpu_model()}), peak resident memory "
+                           f"{_gb(peak)}{at_once}; the runs, evals and predictions are in {output_dir}/ "
+                           "(the tables: table.md)")
         summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
-                   "cpus": os.cpu_count(), "peak_rss_gb": peak, "peak_rss_at_once_gb": max(peak, together)}
+                   "cpus": os.cpu_count(), "cpu": cpu_model(), "peak_rss_gb": peak,
+                   "peak_rss_at_once_gb": max(peak, together)}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
         return summary
 
@@ -313,6 +316,19 @@ class Stages:
             times.add_row(s["stage"], f"{s['seconds']:.0f}", f"{s['load_before']:.1f}", f"{s['load_after']:.1f}",
                           _gb(s["peak_rss_gb"]), *own)
         return times
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's name and its bf16 matmul units (``amx_bf16``, ``avx512_bf16``): stage times are comparable only
+    between machines that share both (2 cores ran a bf16 matmul at 385 GFLOP/s on an AMD EPYC without them, at
+    1,260-1,530 on an Intel Xeon with both)."""
+    name, flags = platform.processor() or platform.machine(), []
+    with contextlib.suppress(OSError):
+        info = cpuinfo.read_text().splitlines()
+        name = next((line.partition(":")[2].strip() for line in info if line.startswith("model name")), name)
+        have = next((line.partition(":")[2].split() for line in info if line.startswith("flags")), [])
+        flags = [f for f in ("amx_bf16", "avx512_bf16") if f in have]
+    return f"{name} ({', '.join(flags)})" if flags else name
 
 
 def _gb(value: float) -> str:
