@@ -320,8 +320,8 @@ class Stages:
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's name and its bf16 matmul units (``amx_bf16``, ``avx512_bf16``): stage times are comparable only
-    between machines that share both (2 cores ran a bf16 matmul at 385 GFLOP/s on an AMD EPYC without them, at
-    1,260-1,530 on an Intel Xeon with both)."""
+    between machines that share both (2 cores ran a bf16 matmul at 385 GFLOP/s on an AMD EPYC, at 1,260-1,530 on
+    an Intel Xeon with both)."""
     name, flags = platform.processor() or platform.machine(), []
     with contextlib.suppress(OSError):
         info = cpuinfo.read_text().splitlines()
