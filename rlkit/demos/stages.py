@@ -294,11 +294,12 @@ class Stages:
             round(s["stage_peak_rss_gb"] + s["demo_rss_gb"], 3) for s in self.rows if "stage_peak_rss_gb" in s])
         at_once = f" (at most {_gb(together)} at once, a stage's process and the demo's)" if together > peak else ""
         write_markdown(output_dir / "table.md", [*self.shown, *self.tables])
-        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs ({cpu_model()}), peak resident memory "
+        cpu = cpu_model()
+        self.console.print(f"total {total:.0f}s on {os.cpu_count()} CPUs ({cpu}), peak resident memory "
                            f"{_gb(peak)}{at_once}; the runs, evals and predictions are in {output_dir}/ "
                            "(the tables: table.md)")
         summary = {"rows": rows, **self.extra, "stages": self.rows, "total_seconds": round(total, 1),
-                   "cpus": os.cpu_count(), "cpu": cpu_model(), "peak_rss_gb": peak,
+                   "cpus": os.cpu_count(), "cpu": cpu, "peak_rss_gb": peak,
                    "peak_rss_at_once_gb": max(peak, together)}
         safety.write_text(output_dir / "demo.json", json.dumps(summary, indent=2))
         return summary
@@ -319,9 +320,8 @@ class Stages:
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's name and its bf16 matmul units (``amx_bf16``, ``avx512_bf16``): stage times are comparable only
-    between machines that share both (2 cores ran a bf16 matmul at 385 GFLOP/s on an AMD EPYC, at 1,260-1,530 on
-    an Intel Xeon with both)."""
+    """The CPU's name and its bf16 matmul units (``amx_bf16``, ``avx512_bf16``): stage times, and bf16 results near a
+    tie, are comparable only between machines that share both (docs/demos.md: AMX on and off)."""
     name, flags = platform.processor() or platform.machine(), []
     with contextlib.suppress(OSError):
         info = cpuinfo.read_text().splitlines()
