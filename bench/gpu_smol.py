@@ -35,12 +35,12 @@ STEPS = {"arith": 300, "search": 100}
 GPU_MODEL = ["model.attn_implementation=sdpa"]
 
 
-def overrides(task: str, steps: int, smoke: bool) -> tuple[list[str], list[str]]:
-    """(both recipes and every eval, GRPO's training only)."""
+def overrides(task: str, steps: int, smoke: bool, vllm: bool = True) -> tuple[list[str], list[str]]:
+    """(both recipes and every eval, GRPO's training only); ``vllm=False`` generates GRPO's rollouts with hf."""
     both = [*GPU_MODEL, *(["trainer.max_steps=2"] if smoke else [])]
     grpo = [f"trainer.max_steps={steps}", f"trainer.save_steps={max(1, steps // 4)}",
             "trainer.cache_implementation=null"]
-    if not smoke:
+    if vllm and not smoke:
         grpo += ["trainer.use_vllm=true", "trainer.vllm_mode=colocate", "trainer.vllm_gpu_memory_utilization=0.3"]
     if task == "search":
         grpo.append(f"eval.agent_every={max(1, steps // 10)}")
@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="GRPO steps (default: arith 300, search 100)")
     parser.add_argument("--out", type=Path, help="the demo's output folder (default runs/gpu-smol-TASK)")
     parser.add_argument("--results", type=Path, help="copy what was measured here at the end (no weights)")
+    parser.add_argument("--generate", choices=["vllm", "hf"], default="vllm",
+                        help="GRPO's rollouts: TRL's colocated vLLM, or hf generate (no vLLM carried; short answers)")
+    parser.add_argument("--grpo-minutes", type=float, help="end GRPO at the first step this long after it began "
+                        "(the arith control trains as long)")
     parser.add_argument("--smoke", action="store_true", help="2 SFT + 2 GRPO steps without vLLM, 4 problems a set")
     parser.add_argument("--gsm8k-test", type=Path, default=ROOT.parent / "shared/data/gsm8k/test.jsonl",
                         help="GSM8K test JSONL for the arith demo's easiest-items row (skipped when absent)")
@@ -78,14 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     if steps < 1:
         parser.error(f"--steps {steps}: give 1 or more")
     out = args.out or ROOT / "runs" / f"gpu-smol-{args.task}{'-smoke' if args.smoke else ''}"
-    both, grpo = overrides(args.task, steps, args.smoke)
+    if args.grpo_minutes is not None and (args.task != "arith" or args.grpo_minutes <= 0):
+        parser.error(f"--grpo-minutes {args.grpo_minutes}: give minutes > 0, with --task arith")
+    vllm = args.generate == "vllm" and not args.smoke
+    both, grpo = overrides(args.task, steps, args.smoke, vllm)
     limit = 4 if args.smoke else None
     print(f"gpu_smol: {args.task}, {steps} GRPO steps, overrides {both} + GRPO {grpo} -> {out}", flush=True)
     started = time.time()
     if args.task == "arith":
         from rlkit.demos.arith import run_demo
 
-        summary = run_demo(out, args.gsm8k_test, both, limit=limit, grpo_overrides=grpo)
+        summary = run_demo(out, args.gsm8k_test, both, limit=limit, grpo_overrides=grpo,
+                           grpo_minutes=args.grpo_minutes)
         run_dir = out / "grpo"
     else:
         from rlkit.demos.search import run_search_demo
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_search_demo(out, both, grpo, limit=limit, **({"teacher_questions": 8} if args.smoke else {}))
         run_dir = out / "grpo"
     per_step = step_seconds(run_dir)
-    record = {"task": args.task, "steps": steps, "smoke": args.smoke, "vllm": not args.smoke,
+    record = {"task": args.task, "steps": steps, "smoke": args.smoke, "vllm": vllm, "grpo_minutes": args.grpo_minutes,
               "grpo_seconds_per_step": per_step, "seconds": round(time.time() - started, 1),
               "overrides": both, "grpo_overrides": grpo}
     (out / "gpu_smol.json").write_text(json.dumps(record, indent=1) + "\n")

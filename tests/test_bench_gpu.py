@@ -202,3 +202,7 @@ def test_the_gpu_smol_overrides_are_valid_recipe_settings_for_both_stages(task):
     assert warmup.model.attn_implementation == "sdpa" and warmup.algorithm == "sft"
     smoke_both, smoke_grpo = gpu_smol.overrides(task, 2, smoke=True)
     assert not any("vllm" in o for o in smoke_both + smoke_grpo)
+    hf_both, hf_grpo = gpu_smol.overrides(task, 120, smoke=False, vllm=False)  # --generate hf
+    generated = load_recipe(recipes_dir() / grpo, hf_both + hf_grpo)
+    assert not generated.trainer.get("use_vllm") and generated.trainer["max_steps"] == 120
+    assert generated.trainer["cache_implementation"] is None and generated.model.attn_implementation == "sdpa"

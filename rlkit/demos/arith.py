@@ -77,11 +77,12 @@ def format_share(results: dict[str, Any]) -> float:
 
 def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str] | None = None,
              limit: int | None = None, grpo_overrides: list[str] | None = None, *, full: bool = False,
-             control: bool = True) -> dict:
+             control: bool = True, grpo_minutes: float | None = None) -> dict:
     """Base, SFT, SFT + GRPO and (``control``) SFT continued for GRPO's minutes, each evaluated on every set (its
     first ``limit`` problems); returns the summary also written to ``output_dir/demo.json``. ``data_dir``: a folder
     holding GSM8K's and IFEval's files for ``full`` (:func:`rlkit.data.sources.public_sets`). ``overrides`` apply to
-    both recipes and every eval, ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's)."""
+    both recipes and every eval, ``grpo_overrides`` to GRPO training only (its trainer keys are not SFT's);
+    ``grpo_minutes`` ends GRPO at the first step that long after it began (``train``'s ``max_minutes``)."""
     from rich.console import Console
 
     from rlkit.data.sources import public_sets
@@ -135,7 +136,8 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
     evals["SFT"] = timed("SFT eval", lambda: evaluate_all("sft", str(sft_dir)))
     console.rule(f"4/{steps}  GRPO from the SFT adapter ({RECIPE})")
     grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
-    timed("GRPO training", lambda: train(recipe, grpo_set, output_dir=run_dir, overwrite=True, doctor=False))
+    timed("GRPO training", lambda: train(recipe, grpo_set, output_dir=run_dir, overwrite=True, doctor=False,
+                                         max_minutes=grpo_minutes))
     console.rule(f"5/{steps}  evaluate after GRPO (greedy)")
     evals["GRPO"] = timed("GRPO eval", lambda: evaluate_all("grpo", str(run_dir)))
     if control:
