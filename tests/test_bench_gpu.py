@@ -206,3 +206,25 @@ def test_the_gpu_smol_overrides_are_valid_recipe_settings_for_both_stages(task):
     generated = load_recipe(recipes_dir() / grpo, hf_both + hf_grpo)
     assert not generated.trainer.get("use_vllm") and generated.trainer["max_steps"] == 120
     assert generated.trainer["cache_implementation"] is None and generated.model.attn_implementation == "sdpa"
+
+
+def test_gpu_smol_packs_what_was_measured_into_one_file_without_weights(tmp_path):
+    """A device call brings back at most 8 files: `--results X.tgz` is one, holding no adapter or checkpoint."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import tarfile
+
+    import gpu_smol
+
+    out = tmp_path / "smol-arith"
+    for name, data in {"demo.json": "{}", "eval/sft-box.json": "[]", "grpo/metrics.jsonl": "{}\n",
+                       "grpo/adapter/adapter_model.safetensors": "w", "grpo/checkpoints/checkpoint-5/x.json": "{}",
+                       "sft/tokenizer.json": "{}"}.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(data)
+    gpu_smol.keep_results(out, tmp_path / "back" / "arith.tgz")
+    with tarfile.open(tmp_path / "back" / "arith.tgz") as tar:
+        files = sorted(m.name for m in tar.getmembers() if m.isfile())
+    assert files == ["smol-arith/demo.json", "smol-arith/eval/sft-box.json", "smol-arith/grpo/metrics.jsonl"]
+    gpu_smol.keep_results(out, tmp_path / "folder")  # any other name: a folder, the same files
+    assert sorted(str(p.relative_to(tmp_path / "folder")) for p in (tmp_path / "folder").rglob("*") if p.is_file()) \
+        == ["demo.json", "eval/sft-box.json", "grpo/metrics.jsonl"]

@@ -231,3 +231,28 @@ def test_a_python_other_than_the_carrys_is_refused_before_joining(carry, tmp_pat
     assert done.returncode == 2 and done.stderr.strip() == (
         f"error: this is Python {here} and the carry's wheels are for 3.99: run this script with python3.99")
     assert all((tmp_path / "store" / n).is_file() for n in names) and not (tmp_path / "store" / "files").exists()
+
+
+def test_without_torch_the_carry_asks_for_it_or_for_no_vllm(capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_carry.main(["--model", "--out", "unused"])
+    assert e.value.code == 2
+    assert "--torch: give the GPU machine's torch (e.g. --torch 2.11), or --no-vllm" in capsys.readouterr().err
+
+
+def test_a_carry_without_vllm_checks_trl_alone_and_exports_no_sampler_switch(tmp_path):
+    """`--no-vllm` (GRPO generating with hf on the GPU): the install's --check imports TRL's GRPO trainer, not vLLM."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    files = [make_wheel(wheels, "pkg_a", "1.0", {"pkg_a/__init__.py": b"X = 41\n"})]
+    manifest = gpu_carry.pack(files, tmp_path / "out", 8192, xz_preset=1, vllm=None, env={})
+    store, target = tmp_path / "store", tmp_path / "site"
+    done = install(upload(tmp_path / "out", tmp_path / "up", [p["name"] for p in manifest["pieces"]]), "--store",
+                   store, "--target", target, "--check")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "check: TRL's GRPO trainer (no vLLM carried) import" in done.stdout
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in done.stdout
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_install
+
+    assert "vllm" in gpu_install.check({}, vllm=True)  # no vLLM on this machine: the first missing module is named
