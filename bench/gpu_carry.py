@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.piece_mib <= 0:
         raise fail(f"--piece-mib {args.piece_mib}: give a size above 0")
-    if not args.torch and not args.no_vllm:
-        raise fail("--torch: give the GPU machine's torch (e.g. --torch 2.11), or --no-vllm to carry no vLLM")
+    if bool(args.torch) == args.no_vllm:
+        raise fail("--torch and --no-vllm: give one, the GPU machine's torch (e.g. --torch 2.11, which picks the vLLM) "
+                   "or --no-vllm to carry no vLLM")
     vllm = None if args.no_vllm else vllm_for(args.torch)
     have = {canonical(n) for n in (*BARE, *filter(None, (h.strip() for h in args.have.split(","))))}
     machine_has = sorted(have)  # `collect` adds what it packs to `have`

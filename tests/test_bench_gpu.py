@@ -228,3 +228,23 @@ def test_gpu_smol_packs_what_was_measured_into_one_file_without_weights(tmp_path
     gpu_smol.keep_results(out, tmp_path / "folder")  # any other name: a folder, the same files
     assert sorted(str(p.relative_to(tmp_path / "folder")) for p in (tmp_path / "folder").rglob("*") if p.is_file()) \
         == ["demo.json", "eval/sft-box.json", "grpo/metrics.jsonl"]
+
+
+@pytest.mark.parametrize("argv", [["--task", "search", "--grpo-minutes", "2"], ["--task", "arith", "--grpo-minutes", "0"]])
+def test_gpu_smol_refuses_a_time_limit_it_cannot_honour(argv, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_smol
+
+    with pytest.raises(SystemExit) as e:
+        gpu_smol.main(argv)
+    assert e.value.code == 2 and "give minutes > 0, with --task arith" in capsys.readouterr().err
+
+
+def test_gpu_smol_records_the_grpo_steps_a_time_limit_let_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_smol
+
+    rows = [{"step": s, "loss": 0.1} for s in range(1, 71)] + [{"step": 70, "train_runtime": 120.8}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert gpu_smol.grpo_ran(tmp_path) == (70, pytest.approx(120.8 / 70))
+    assert gpu_smol.grpo_ran(tmp_path / "absent") == (None, None)

