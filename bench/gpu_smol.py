@@ -57,9 +57,9 @@ def overrides(task: str, steps: int, smoke: bool, vllm: bool = True) -> tuple[li
 def grpo_ran(run_dir: Path) -> tuple[int | None, float | None]:
     """GRPO's steps that ran (a time limit can end it before ``--steps``) and its mean seconds a step, from TRL's
     ``train_runtime`` in the run's metrics."""
-    metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
-    end = next((r for r in reversed(rows) if "train_runtime" in r), None)
+    from rlkit.runs import read_metrics  # tolerates a torn last line, as the run's own readers do
+
+    end = next((r for r in reversed(read_metrics(run_dir)) if "train_runtime" in r), None)
     if not (end and end.get("step")):
         return None, None
     return end["step"], end["train_runtime"] / end["step"]
