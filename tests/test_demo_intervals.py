@@ -179,12 +179,17 @@ def test_the_summary_names_the_cpu_and_its_bf16_units(tmp_path, monkeypatch):
     """Stage times compare only between CPUs with the same bf16 matmul units: demo.json and the total line say which."""
     from rlkit.demos import stages as module
 
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx512f avx512_bf16 amx_tile amx_bf16\n")
     assert module.cpu_model(info) == "Some Xeon (amx_bf16, avx512_bf16)"
     info.write_text("processor\t: 0\nmodel name\t: Some EPYC\nflags\t\t: fpu avx2 avx512f\n")
     assert module.cpu_model(info) == "Some EPYC"  # no bf16 units: the name alone
     assert module.cpu_model(tmp_path / "absent") == (module.platform.processor() or module.platform.machine())
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # torch's bf16 units held off: said beside the flags
+    info.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx512f avx512_bf16 amx_tile amx_bf16\n")
+    assert module.cpu_model(info) == "Some Xeon (amx_bf16, avx512_bf16, ONEDNN_MAX_CPU_ISA=AVX2)"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     monkeypatch.setattr(module, "cpu_model", lambda: "Some Xeon (amx_bf16)")
     out = io.StringIO()
     summary = module.Stages(Console(file=out, width=250)).finish([], tmp_path)

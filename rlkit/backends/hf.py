@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ from rlkit.errors import UserError
 from rlkit.recipe import LoraSpec, ModelSpec
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+log = logging.getLogger("rlkit")
 
 
 def quantization_config(compute_dtype: Any):
@@ -59,6 +62,8 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
     if training and four_bit:
         _refuse_sharded_4bit()
     cuda = torch.cuda.is_available() and device != "cpu"
+    if dtype == torch.bfloat16 and not cuda and not compat.cpu_supports_bf16():
+        _warn_emulated_bf16()
     placement = device_map(cuda=cuda, four_bit=four_bit, training=training, local_rank=_local_rank(), device=device)
     if placement is not None:
         kwargs["device_map"] = placement
@@ -76,6 +81,13 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
     elif not cuda:
         contiguous_head_input(model)
     return model, tokenizer
+
+
+@cache  # once a process: every model a demo or an eval loads would say it again
+def _warn_emulated_bf16() -> None:
+    log.warning("model.dtype bfloat16 on a CPU without bf16 matmul units (AVX512-BF16 or AMX): torch emulates them, "
+                "several times slower than float32 (5.6x on AVX2 at SmolLM2's shapes, docs/performance.md); "
+                "--set model.dtype=float32 trains and generates faster here")
 
 
 def contiguous_head_input(model: Any) -> None:

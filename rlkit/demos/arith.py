@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import GAIN_CAPTION, Stages, control_overrides, copy_evals, prepare, train_minutes
+from rlkit.demos.stages import (
+    GAIN_CAPTION,
+    Stages,
+    control_overrides,
+    copy_evals,
+    machine_overrides,
+    prepare,
+    train_minutes,
+)
 from rlkit.recipe import recipes_dir
 
 SFT = "smol_arith_sft.yaml"
@@ -94,7 +102,8 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
 
     console = Console()
     sft_recipe, recipe = recipes_dir() / SFT, recipes_dir() / RECIPE
-    overrides = list(overrides or [])
+    measured = not (full or limit or overrides or grpo_overrides)  # the reference run's configuration
+    overrides = machine_overrides(console) + list(overrides or [])
     pool = load_recipe(recipe, overrides).data.train.model_dump(exclude_defaults=True)
     control_set = control_overrides(overrides, output_dir / "sft", pool)
     output_dir = prepare(Path(output_dir), [(sft_recipe, overrides), (recipe, overrides + list(grpo_overrides or [])),
@@ -107,7 +116,7 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
     sets = eval_sets(gsm8k_file, full)
     stages = Stages(console)
     timed = stages.run
-    if not (full or limit or overrides or grpo_overrides):  # the measured configuration
+    if measured:
         stages.expect({k: v for k, v in REFERENCE.items() if control or "control" not in k}, REFERENCE_RUN)
     steps = 7 if control else 5
 

@@ -21,7 +21,15 @@ from typing import Any
 
 from rlkit import jsonl
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import GAIN_CAPTION, Stages, control_overrides, copy_evals, prepare, train_minutes
+from rlkit.demos.stages import (
+    GAIN_CAPTION,
+    Stages,
+    control_overrides,
+    copy_evals,
+    machine_overrides,
+    prepare,
+    train_minutes,
+)
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO = "smol_calc_sft.yaml", "smol_calc_grpo.yaml"
@@ -56,7 +64,7 @@ def run_calc_demo(output_dir: Path, overrides: list[str] | None = None, grpo_ove
 
     console = Console()
     sft_recipe, grpo_recipe = recipes_dir() / SFT, recipes_dir() / GRPO
-    overrides = list(overrides or [])
+    overrides = machine_overrides(console) + list(overrides or [])
     pool = load_recipe(grpo_recipe, overrides).data.train.model_dump(exclude_defaults=True)
     control_set = control_overrides(overrides, Path(output_dir) / "sft", pool)
     output_dir = prepare(Path(output_dir), [(sft_recipe, overrides),

@@ -25,7 +25,7 @@ from typing import Any
 
 from rlkit import jsonl
 from rlkit.demos.ifeval import ifeval_check
-from rlkit.demos.stages import Stages, control_overrides, copy_evals, prepare, train_minutes
+from rlkit.demos.stages import Stages, control_overrides, copy_evals, machine_overrides, prepare, train_minutes
 from rlkit.recipe import recipes_dir
 
 SFT, GRPO, BYOD = "smol_search_sft.yaml", "smol_search_grpo.yaml", "hotpotqa_byod_grpo.yaml"
@@ -89,7 +89,7 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
     console = Console()
     sft_recipe, grpo_recipe = recipes_dir() / SFT, recipes_dir() / GRPO
-    overrides = list(overrides or [])
+    overrides = machine_overrides(console) + list(overrides or [])
     output_dir = Path(output_dir)
     teacher = output_dir / "teacher" / "sft_rows.jsonl"
     sft_set = overrides + [f"data.train.path={json.dumps(str(teacher))}"]

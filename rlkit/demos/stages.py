@@ -43,6 +43,20 @@ def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
     return safety.make_dir(output_dir, "demo")
 
 
+def machine_overrides(console: Any) -> list[str]:
+    """What the SmolLM2 demos change for this machine. Their recipes train and generate in bf16, which a CPU without
+    bf16 matmul units (AVX512-BF16 or AMX) emulates several times slower than float32 (docs/performance.md): there,
+    with no GPU, they run in float32. Put before the user's own ``--set``s, which win."""
+    from rlkit.backends import cuda_available
+    from rlkit.compat import cpu_supports_bf16
+
+    if cuda_available() or cpu_supports_bf16():
+        return []
+    console.print("this CPU has no bf16 matmul units (AVX512-BF16 or AMX): the demo runs in float32 "
+                  "(--set model.dtype=float32), several times faster here than its recipes' bfloat16")
+    return ["model.dtype=float32"]
+
+
 def peak_rss_gb(children: bool = True) -> float:
     """The peak resident memory so far (GB, 1e9 bytes, to 3 decimals) of this process or of any child it waited for,
     whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo (the
@@ -321,13 +335,16 @@ class Stages:
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's name and its bf16 matmul units (``amx_bf16``, ``avx512_bf16``): stage times, and bf16 results near a
-    tie, are comparable only between machines that share both (docs/demos.md: AMX on and off)."""
+    tie, are comparable only between machines that share both (docs/demos.md: AMX on and off). A limit put on oneDNN
+    (``ONEDNN_MAX_CPU_ISA=AVX2``: no bf16 units for torch) is named with them."""
     name, flags = platform.processor() or platform.machine(), []
     with contextlib.suppress(OSError):
         info = cpuinfo.read_text().splitlines()
         name = next((line.partition(":")[2].strip() for line in info if line.startswith("model name")), name)
         have = next((line.partition(":")[2].split() for line in info if line.startswith("flags")), [])
         flags = [f for f in ("amx_bf16", "avx512_bf16") if f in have]
+    if os.environ.get("ONEDNN_MAX_CPU_ISA"):
+        flags.append(f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}")
     return f"{name} ({', '.join(flags)})" if flags else name
 
 
