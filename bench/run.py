@@ -18,7 +18,7 @@ import time
 from common import BENCH, PYTHON, RESULTS, ROOT, busy, figures_table, machine_line, markdown, offline_env, show, table
 
 CPU_BENCHMARKS = ("help", "rewards", "retrieval", "rollout", "overhead", "generation", "mcp_tools", "soak_search",
-                  "grpo_step")
+                  "grpo_step", "bf16_units")
 
 
 def summary(seconds: dict[str, float]) -> str:

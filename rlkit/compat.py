@@ -298,11 +298,20 @@ def quiet_bnb_kernels_hint() -> None:
 
 
 def cpu_supports_bf16() -> bool:
-    """Whether this CPU computes bf16 natively, from torch 2.13's private
-    ``torch.ops.mkldnn._is_mkldnn_bf16_supported``. If it goes, CPU generation raises here."""
+    """Whether this CPU computes bf16 natively. oneDNN must be allowed bf16 (torch 2.13's private
+    ``torch.ops.mkldnn._is_mkldnn_bf16_supported``: false under ``ONEDNN_MAX_CPU_ISA=AVX2``, true from AVX-512 on)
+    and, on x86, the CPU must have bf16 units (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``):
+    AVX-512 without them (Skylake to Ice Lake) ran a bf16 matmul 4x slower than float32 (docs/performance.md). If
+    these go, CPU generation raises here."""
+    import platform
+
     import torch
 
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return False
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def torch_huge_pages() -> None:

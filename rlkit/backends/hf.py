@@ -62,7 +62,7 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
     if training and four_bit:
         _refuse_sharded_4bit()
     cuda = torch.cuda.is_available() and device != "cpu"
-    if dtype == torch.bfloat16 and not cuda and not compat.cpu_supports_bf16():
+    if dtype == torch.bfloat16 and device is None and not cuda and not compat.cpu_supports_bf16():
         _warn_emulated_bf16()
     placement = device_map(cuda=cuda, four_bit=four_bit, training=training, local_rank=_local_rank(), device=device)
     if placement is not None:
@@ -86,7 +86,7 @@ def load(spec: ModelSpec, *, head: str = "causal", name: str | None = None, trai
 @cache  # once a process: every model a demo or an eval loads would say it again
 def _warn_emulated_bf16() -> None:
     log.warning("model.dtype bfloat16 on a CPU without bf16 matmul units (AVX512-BF16 or AMX): torch emulates them, "
-                "several times slower than float32 (5.6x on AVX2 at SmolLM2's shapes, docs/performance.md); "
+                "slower than float32 (SmolLM2 on AVX2: 5x to evaluate, 20x to train; docs/performance.md); "
                 "--set model.dtype=float32 trains and generates faster here")
 
 

@@ -102,7 +102,7 @@ def run_demo(output_dir: Path, data_dir: Path | None = None, overrides: list[str
 
     console = Console()
     sft_recipe, recipe = recipes_dir() / SFT, recipes_dir() / RECIPE
-    measured = not (full or limit or overrides or grpo_overrides)  # the reference run's configuration
+    measured = not (full or limit or overrides or grpo_overrides)  # no --set: the reference run's recipes
     overrides = machine_overrides(console) + list(overrides or [])
     pool = load_recipe(recipe, overrides).data.train.model_dump(exclude_defaults=True)
     control_set = control_overrides(overrides, output_dir / "sft", pool)
