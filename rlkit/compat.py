@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+from rlkit.errors import UserError
 
 # --- trl.chat_template_utils (TRL 1.12; not exported from ``trl``) -------------------------------
 # If TRL moves or renames these, `rlkit doctor`'s template checks, tool rollouts and the tiny model's
@@ -93,8 +96,6 @@ def trl_accelerate_config(name_or_path: str) -> Path:
     try:
         resolved = resolve_accelerate_config_argument(["--accelerate_config", name_or_path])
     except ValueError as e:
-        from rlkit.errors import UserError
-
         raise UserError(f"--accelerate-config {name_or_path!r}: {e}") from None
     return Path(resolved[resolved.index("--config_file") + 1])
 
@@ -114,15 +115,11 @@ def check_trl_kernels(algorithm: str) -> None:
     import trl
 
     if algorithm in ("sft", "dpo", "grpo") and trainers_need_missing_triton(trl.__version__):
-        from rlkit.errors import UserError
-
         raise UserError(TRITON_MISSING.format(version=trl.__version__, algorithm=algorithm.upper()))
 
 
 def trainers_need_missing_triton(trl_version: str) -> bool:
     """Whether TRL ``trl_version``'s SFT, DPO and GRPO trainers cannot run here: >= 1.15, and no Triton."""
-    import importlib.util
-
     return _version_tuple(trl_version) >= (1, 15) and importlib.util.find_spec("triton") is None
 
 
@@ -153,8 +150,6 @@ def _ppo(name: str) -> type:
         if not (e.name or "").startswith("trl.experimental"):
             raise
         import trl
-
-        from rlkit.errors import UserError
 
         raise UserError(PPO_MISSING.format(version=trl.__version__)) from None
     return getattr(ppo, name)
@@ -298,20 +293,14 @@ def quiet_bnb_kernels_hint() -> None:
 
 
 def cpu_supports_bf16() -> bool:
-    """Whether this CPU computes bf16 natively. oneDNN must be allowed bf16 (torch 2.13's private
-    ``torch.ops.mkldnn._is_mkldnn_bf16_supported``: false under ``ONEDNN_MAX_CPU_ISA=AVX2``, true from AVX-512 on)
-    and, on x86, the CPU must have bf16 units (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``):
-    AVX-512 without them (Skylake to Ice Lake) ran a bf16 matmul 4x slower than float32 (docs/performance.md). If
-    these go, CPU generation raises here."""
-    import platform
-
+    """Whether this CPU computes bf16 natively: oneDNN allows it (torch 2.13's private ``torch.ops.mkldnn.
+    _is_mkldnn_bf16_supported``, false under ``ONEDNN_MAX_CPU_ISA=AVX2``) and an x86 CPU has AVX512-BF16 or AMX
+    (AVX-512 alone passes oneDNN's check at a fifth of float32's speed). If these go, CPU generation raises here."""
     import torch
 
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return False
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return True
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    x86, cpu = platform.machine().lower() in ("x86_64", "amd64"), torch.cpu
+    units = not x86 or cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported() and units)
 
 
 def torch_huge_pages() -> None:

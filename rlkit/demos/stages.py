@@ -44,25 +44,22 @@ def prepare(output_dir: Path, recipes: list[tuple[Path, list[str]]]) -> Path:
 
 
 def machine_overrides(console: Any) -> list[str]:
-    """What the SmolLM2 demos change for this machine. Their recipes train and generate in bf16, which a CPU without
-    bf16 matmul units (AVX512-BF16 or AMX) emulates several times slower than float32 (docs/performance.md): there,
-    with no GPU, they run in float32. Put before the user's own ``--set``s, which win."""
+    """``model.dtype=float32`` for the SmolLM2 demos with no GPU and no bf16 matmul units (AVX512-BF16, AMX), where
+    their recipes' bf16 is emulated, 5-20x slower (docs/performance.md); the user's own ``--set``s go after it."""
     from rlkit.backends import cuda_available
     from rlkit.compat import cpu_supports_bf16
 
     if cuda_available() or cpu_supports_bf16():
         return []
-    console.print("this CPU has no bf16 matmul units (AVX512-BF16 or AMX): the demo runs in float32 "
-                  "(--set model.dtype=float32), several times faster here than its recipes' bfloat16")
+    console.print("no bf16 matmul units (AVX512-BF16, AMX) in this CPU: the demo runs in float32, 5-20x faster here")
     return ["model.dtype=float32"]
 
 
 def peak_rss_gb(children: bool = True) -> float:
-    """The peak resident memory so far (GB, 1e9 bytes, to 3 decimals) of this process or of any child it waited for,
-    whichever is larger: what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the whole demo (the
-    largest one process, not a sum). Like ``time -v``'s, a child's figure starts at what the process that spawned it
-    had reached (Linux carries it across exec; Python spawns by vfork, so that is the spawner's peak): from ``make`` or
-    a shell that is nothing; from a large Python process it is that one's. ``children=False``: this process's alone."""
+    """The peak resident memory so far (GB, 1e9 bytes, to 3 decimals) of this process or of any child it waited for:
+    ``/usr/bin/time -v``'s "Maximum resident set size" for the whole demo (the largest one process, not a sum). As
+    there, a child's figure starts at its spawner's peak (Linux carries it across exec; Python spawns by vfork): none
+    from ``make`` or a shell, a large Python process's own from one. ``children=False``: this process's alone."""
     import resource
 
     whose = (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) if children else (resource.RUSAGE_SELF,)
@@ -127,10 +124,9 @@ def call_fresh(work: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
     exception is raised here, its traceback there chained as the cause. Like ``multiprocessing``, a script that calls
     this needs the ``if __name__ == "__main__":`` guard.
 
-    The process logs as rlkit's commands do, runs in a process group of its own and gets SIGINT and SIGTERM from this
-    one, once each (Ctrl-C at the terminal reaches this process only), so a training stage checkpoints, stops and
-    says how to resume, as ``rlkit train`` does; on Linux it gets SIGTERM if this process dies. A process that dies
-    of a signal without a word raises :class:`Stopped`."""
+    The process logs as rlkit's commands do, runs in its own process group and gets SIGINT and SIGTERM from this one,
+    once each (Ctrl-C at the terminal reaches this process only), so a training stage checkpoints, stops and says how
+    to resume; on Linux it gets SIGTERM if this process dies. Its death by a signal unheard raises :class:`Stopped`."""
     import multiprocessing
 
     from rlkit.launch import forwarding_signals
@@ -182,8 +178,7 @@ def _fresh_main(send: Any, parent: int, work: Callable[..., Any], args: tuple, k
 
 
 def own_peak_bytes() -> int:
-    """This process's own peak resident size: on Linux ``VmHWM``, which counts only the memory this program has had
-    since its exec; elsewhere ``ru_maxrss`` (on Linux that one starts at the peak of the process that spawned it)."""
+    """Own peak RSS: Linux's ``VmHWM`` (since exec; ``ru_maxrss`` starts at the spawner's), else ``ru_maxrss``."""
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
@@ -264,10 +259,9 @@ class Stages:
         return self._timed(name, lambda: (work(), None))
 
     def run_fresh(self, name: str, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``work(*args, **kwargs)`` in a fresh Python process (:func:`call_fresh`: it starts with
-        nothing the demo loaded before, and its memory goes back to the OS when it ends), timed. Besides the peak so
-        far, the row records that process's own peak (``stage_peak_rss_gb``) and this process's size when it started
-        (``demo_rss_gb``); their sum bounds what the two held at once (from above: both count the shared libraries)."""
+        """``work(*args, **kwargs)`` in a fresh process (:func:`call_fresh`: nothing the demo loaded; its memory back
+        to the OS at its end), timed. The row adds that process's own peak (``stage_peak_rss_gb``) and this one's size
+        at its start (``demo_rss_gb``): their sum bounds what both held at once (each counts shared libraries)."""
         import psutil  # accelerate's dependency: this process's size on any OS
 
         held = psutil.Process().memory_info().rss
