@@ -47,9 +47,9 @@ def machine_overrides(console: Any) -> list[str]:
     """``model.dtype=float32`` for the SmolLM2 demos with no GPU and no bf16 matmul units (AVX512-BF16, AMX), where
     their recipes' bf16 is emulated, 5-20x slower (docs/performance.md); the user's own ``--set``s go after it."""
     from rlkit.backends import cuda_available
-    from rlkit.compat import cpu_supports_bf16
+    from rlkit.inference.fastgen import cpu_has_native_bf16
 
-    if cuda_available() or cpu_supports_bf16():
+    if cuda_available() or cpu_has_native_bf16():
         return []
     console.print("no bf16 matmul units (AVX512-BF16, AMX) in this CPU: the demo runs in float32, 5-20x faster here")
     return ["model.dtype=float32"]

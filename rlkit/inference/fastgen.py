@@ -30,7 +30,7 @@ from typing import Any
 
 @cache
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU runs bf16 matmuls natively (oneDNN's check: AVX512-BF16 or AMX)."""
+    """Whether this CPU runs bf16 matmuls natively: AVX512-BF16 or AMX, allowed to oneDNN (compat.cpu_supports_bf16)."""
     from rlkit.compat import cpu_supports_bf16
 
     return cpu_supports_bf16()
