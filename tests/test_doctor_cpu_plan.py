@@ -3,6 +3,7 @@ recipes end to end, the loss forward/backward term shape by shape, and what grad
 
 import pytest
 
+from rlkit.demos.search import FLOAT32_GRPO, GRPO, grpo_settings
 from rlkit.doctor import run
 from rlkit.recipe import recipes_dir
 
@@ -23,6 +24,10 @@ MEASURED = [  # (case, recipe, overrides, per-step peaks)
     ("search", "smol_search_grpo", [], [3.00, 3.09]),
     # the calculator at 16 sequences: 16 x (~530 + 2-96) tokens
     ("calc16", "smol_calc_grpo", ["trainer.per_device_train_batch_size=16"], [2.40, 2.36]),
+    # search as above in float32 (oneDNN held to AVX2, 2 idle threads, 2026-11-29 at c0fa4c3): the loss on all 8
+    # completions at once, and 4 at a time twice (the search demo's float32 GRPO: FLOAT32_GRPO)
+    ("search32", "smol_search_grpo", ["model.dtype=float32"], [4.34, 4.36]),
+    ("search32x4", "smol_search_grpo", ["model.dtype=float32", *FLOAT32_GRPO], [2.89, 2.90]),
 ]
 TOLERANCE = 0.25
 
@@ -49,6 +54,27 @@ def test_cpu_plan_of_each_cpu_recipe_is_within_25_percent_of_its_measured_peak(s
     estimate = cpu_plan(recipe, overrides)["total"]
     print(f"{case}: plan {estimate:.2f} GB, measured {max(peaks):.2f} GB: {estimate / max(peaks) - 1:+.0%}")
     assert abs(estimate / max(peaks) - 1) <= TOLERANCE
+
+
+def test_search_demo_in_float32_takes_the_same_step_four_completions_at_a_time_under_4_gb(smollm2_dir, on_cpu,
+                                                                                          tmp_path):
+    """On a CPU without bf16 units the demos run in float32, where the search GRPO's loss on 8 x 512 completion
+    tokens peaked at 4.36 GB (MEASURED): the demo then computes it 4 completions at a time, twice a step."""
+    from rlkit.recipe import load_recipe
+    from rlkit.trainers.config import trainer_config
+
+    recipe = recipes_dir() / GRPO
+    float32 = grpo_settings(recipe, ["model.dtype=float32"])
+    assert float32 == [*FLOAT32_GRPO, "model.dtype=float32"]
+    assert grpo_settings(recipe, ["trainer.seed=1"]) == ["trainer.seed=1"]  # bf16: the recipe as shipped
+    mine = ["model.dtype=float32", "trainer.per_device_train_batch_size=2"]
+    assert grpo_settings(recipe, mine) == mine  # the user's own batch wins
+    steps = [trainer_config(load_recipe(recipe, s), str(tmp_path / str(i))) for i, s in enumerate(([], float32))]
+    # the same step: 2 prompts x 4 completions generated together, one optimizer step
+    assert [(c.generation_batch_size, c.num_generations) for c in steps] == [(8, 4), (8, 4)]
+    assert [(c.per_device_train_batch_size, c.gradient_accumulation_steps) for c in steps] == [(8, 1), (4, 2)]
+    plans = [cpu_plan("smol_search_grpo", s)["total"] for s in (["model.dtype=float32"], float32)]
+    assert plans[0] > 4.0 > 3.2 > plans[1]
 
 
 # smol_arith_grpo with and without gradient checkpointing, peak RSS (GB), at git 3ab347c: MEASURED's arith and

@@ -40,6 +40,10 @@ _SMOL_ON_BYOD = ["model.name_or_path=rlkit/smollm2-135m-instruct", "model.backen
                  "env.max_turns=3", "retrieval.top_k=1", "eval.max_new_tokens=64", "eval.batch_size=16"]
 STAGE_KEYS = ("base", "sft", "grpo", "control")
 STAGE_COLUMNS = ("base", "after SFT", "after GRPO", "SFT continued")
+# In float32 (a CPU without bf16 units: machine_overrides) the loss's logits and their gradient over 8 x 512
+# completion tokens took a GRPO step to 4.36 GB; 4 completions at a time, twice, 2.90 GB at the same step time and
+# the same 2 prompts x 4 a step (bench/grpo_step.py --one search, oneDNN held to AVX2; tests/test_doctor_cpu_plan.py).
+FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
 
@@ -94,7 +98,8 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     teacher = output_dir / "teacher" / "sft_rows.jsonl"
     sft_set = overrides + [f"data.train.path={json.dumps(str(teacher))}"]
     control_set = control_overrides(sft_set, output_dir / "sft")  # on the teacher's rows, as the SFT
-    output_dir = prepare(output_dir, [(grpo_recipe, overrides + list(grpo_overrides or []))])
+    grpo_set = grpo_settings(grpo_recipe, overrides + list(grpo_overrides or []))
+    output_dir = prepare(output_dir, [(grpo_recipe, grpo_set)])
     sft_dir, grpo_dir, control_dir = output_dir / "sft", output_dir / "grpo", output_dir / "sft-continued"
     found = public_sets({"hotpotqa": "the HotpotQA row", "ifeval": "the IFEval check"}, data_dir,
                         output_dir / "data")
@@ -129,8 +134,8 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     console.rule(f"5/{steps}  evaluate after SFT")
     sft = stages.run_fresh("SFT eval", evaluate_all, "sft", str(sft_dir))
     console.rule(f"6/{steps}  GRPO with the search tool, from the SFT adapter ({GRPO})")
-    grpo_set = overrides + list(grpo_overrides or []) + [f"init_from={json.dumps(str(sft_dir))}"]
-    stages.run_fresh("GRPO training", train, grpo_recipe, grpo_set, output_dir=grpo_dir, overwrite=True)
+    stages.run_fresh("GRPO training", train, grpo_recipe, grpo_set + [f"init_from={json.dumps(str(sft_dir))}"],
+                     output_dir=grpo_dir, overwrite=True)
     grpo_model = kept_adapter(grpo_dir, stages, console)
     console.rule(f"7/{steps}  evaluate after GRPO")
     grpo = stages.run_fresh("GRPO eval", evaluate_all, "grpo", grpo_model)
@@ -153,6 +158,16 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
         stages.show(table)
     _plot(rows, output_dir / "f1_by_stage.png")
     return stages.finish(rows, output_dir)
+
+
+def grpo_settings(recipe: Path, overrides: list[str]) -> list[str]:
+    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` first where they make the model float32 and set neither
+    of its keys (a user's batch wins)."""
+    from rlkit.recipe import load_recipe
+
+    mine = any(o.split("=", 1)[0] in {k.split("=", 1)[0] for k in FLOAT32_GRPO} for o in overrides)
+    float32 = load_recipe(recipe, overrides).model.dtype == "float32"
+    return (FLOAT32_GRPO if float32 and not mine else []) + overrides
 
 
 def _evaluate_sets(sets: list[tuple[str, str, list[str]]], tag: str, model: str | None, *, recipe: Path,
