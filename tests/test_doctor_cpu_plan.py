@@ -67,8 +67,10 @@ def test_search_demo_in_float32_takes_the_same_step_four_completions_at_a_time_u
     float32 = grpo_settings(recipe, ["model.dtype=float32"])
     assert float32 == [*FLOAT32_GRPO, "model.dtype=float32"]
     assert grpo_settings(recipe, ["trainer.seed=1"]) == ["trainer.seed=1"]  # bf16: the recipe as shipped
-    mine = ["model.dtype=float32", "trainer.per_device_train_batch_size=2"]
-    assert grpo_settings(recipe, mine) == mine  # the user's own batch wins
+    assert grpo_settings(recipe, ["model.dtype=auto"])[:2] == FLOAT32_GRPO  # auto: float32 without a GPU
+    for mine in (["model.dtype=float32", "trainer.per_device_train_batch_size=2"],
+                 ["model.dtype=float32", "trainer.gradient_accumulation_steps =3"]):
+        assert grpo_settings(recipe, mine) == mine  # the user's own batch wins
     steps = [trainer_config(load_recipe(recipe, s), str(tmp_path / str(i))) for i, s in enumerate(([], float32))]
     # the same step: 2 prompts x 4 completions generated together, one optimizer step
     assert [(c.generation_batch_size, c.num_generations) for c in steps] == [(8, 4), (8, 4)]

@@ -4,6 +4,7 @@ tool mask covers exactly the tool text of two-search episodes, and which trains 
 import json
 
 import pytest
+import yaml
 
 from rlkit.recipe import load_recipe, recipes_dir
 from tests.helpers import script_and_capture
@@ -100,7 +101,7 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
 
     tiny = ["model.name_or_path=rlkit/tiny-qwen3", "model.dtype=float32", "trainer.max_steps=1",
             "trainer.save_steps=1", "model.max_seq_length=1024", "eval.max_new_tokens=8", "eval.ifeval.max_new_tokens=8"]
-    grpo = ["trainer.num_generations=2", "trainer.max_completion_length=16", "trainer.per_device_train_batch_size=2"]
+    grpo = ["trainer.num_generations=2", "trainer.max_completion_length=16"]  # float32: 4 completions a pass, twice
     data = SHARED_DATA if SHARED_DATA.is_dir() else None  # HotpotQA's closed set and IFEval's prompts, when here
     summary = run_search_demo(tmp_path / "demo", tiny, grpo, teacher_questions=4, limit=3, data_dir=data)
     slugs = ["heldout", "newwording"] + (["hotpotqa"] if (SHARED_DATA / "hotpotqa_closed").is_dir() else [])
@@ -119,7 +120,10 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
     demo = tmp_path / "demo"
     teacher = [json.loads(line) for line in (demo / "teacher" / "sft_rows.jsonl").read_text().splitlines()]
     assert len(teacher) == 4 and all(row["messages"][-1]["content"].startswith("<answer>") for row in teacher)
-    assert f"init_from: {demo / 'sft'}" in (demo / "grpo" / "recipe.resolved.yaml").read_text()
+    grpo_run = yaml.safe_load((demo / "grpo" / "recipe.resolved.yaml").read_text())
+    assert grpo_run["init_from"] == str(demo / "sft")
+    assert (grpo_run["trainer"]["per_device_train_batch_size"], grpo_run["trainer"]["gradient_accumulation_steps"]) == (
+        4, 2)  # the demo's float32 GRPO (FLOAT32_GRPO)
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.json")) == sorted(
         f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo", "control") for slug in slugs)
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.trajectories.jsonl")) == sorted(
