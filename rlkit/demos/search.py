@@ -42,8 +42,8 @@ STAGE_KEYS = ("base", "sft", "grpo", "control")
 STAGE_COLUMNS = ("base", "after SFT", "after GRPO", "SFT continued")
 # In float32 (a CPU without bf16 units: machine_overrides) the loss's logits and their gradient over 8 completions at
 # the 512-token budget took a GRPO step to 4.36 GB; 4 completions at a time, twice, 2.90 GB, the same 2 prompts x 4
-# generated together and one optimizer step (bench/grpo_step.py --one search, oneDNN held to AVX2; the step time's
-# cost is not settled: docs/performance.md).
+# generated together and one optimizer step, no slower (3 steps: 8 min 54 s against 10 min 10 s; oneDNN held to AVX2,
+# bench/results/grpo_step_history.md).
 FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
