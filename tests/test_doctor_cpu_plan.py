@@ -57,19 +57,21 @@ def test_cpu_plan_of_each_cpu_recipe_is_within_25_percent_of_its_measured_peak(s
 
 
 def test_search_demo_in_float32_takes_the_same_step_four_completions_at_a_time_under_4_gb(smollm2_dir, on_cpu,
-                                                                                          tmp_path):
+                                                                                          tmp_path, monkeypatch):
     """On a CPU without bf16 units the demos run in float32, where the search GRPO's loss on 8 x 512 completion
     tokens peaked at 4.36 GB (MEASURED): the demo then computes it 4 completions at a time, twice a step."""
     from rlkit.recipe import load_recipe
     from rlkit.trainers.config import trainer_config
 
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # model.dtype auto: float32 without a GPU
     recipe = recipes_dir() / GRPO
     float32 = grpo_settings(recipe, ["model.dtype=float32"])
     assert float32 == [*FLOAT32_GRPO, "model.dtype=float32"]
     assert grpo_settings(recipe, ["trainer.seed=1"]) == ["trainer.seed=1"]  # bf16: the recipe as shipped
     assert grpo_settings(recipe, ["model.dtype=auto"])[:2] == FLOAT32_GRPO  # auto: float32 without a GPU
     for mine in (["model.dtype=float32", "trainer.per_device_train_batch_size=2"],
-                 ["model.dtype=float32", "trainer.gradient_accumulation_steps =3"]):
+                 ["model.dtype=float32", "trainer.gradient_accumulation_steps =3"],
+                 ["model.dtype=float32", "trainer={per_device_train_batch_size: 8, num_generations: 4}"]):
         assert grpo_settings(recipe, mine) == mine  # the user's own batch wins
     steps = [trainer_config(load_recipe(recipe, s), str(tmp_path / str(i))) for i, s in enumerate(([], float32))]
     # the same step: 2 prompts x 4 completions generated together, one optimizer step

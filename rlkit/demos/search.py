@@ -40,10 +40,10 @@ _SMOL_ON_BYOD = ["model.name_or_path=rlkit/smollm2-135m-instruct", "model.backen
                  "env.max_turns=3", "retrieval.top_k=1", "eval.max_new_tokens=64", "eval.batch_size=16"]
 STAGE_KEYS = ("base", "sft", "grpo", "control")
 STAGE_COLUMNS = ("base", "after SFT", "after GRPO", "SFT continued")
-# In float32 (a CPU without bf16 units: machine_overrides) the loss's logits and their gradient over 8 completions at
-# the 512-token budget took a GRPO step to 4.36 GB; 4 completions at a time, twice, 2.90 GB, the same 2 prompts x 4
-# generated together and one optimizer step, no slower (3 steps: 8 min 54 s against 10 min 10 s; oneDNN held to AVX2,
-# bench/results/grpo_step_history.md).
+# In float32 (a CPU without bf16 units: machine_overrides) the loss's logits and their gradient over 8 completions
+# took 3 GRPO steps from the base to a peak RSS of 4.26 GB (`time -v`); 4 completions at a time, twice: 2.86 GB, the
+# same 2 prompts x 4 generated together and one optimizer step, no slower (8 min 54 s against 10 min 10 s; oneDNN
+# held to AVX2, bench/results/grpo_step_history.md).
 FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
@@ -162,15 +162,15 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
 
 def grpo_settings(recipe: Path, overrides: list[str]) -> list[str]:
-    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` first where the model trains in float32 (``auto`` without a
-    GPU: :func:`rlkit.backends.hf.torch_dtype`) and they set neither of its keys (a user's batch wins)."""
-    from rlkit.backends import cuda_available
-    from rlkit.recipe import load_recipe
+    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` first where the model trains in float32
+    (:func:`rlkit.backends.hf.torch_dtype`) and the overrides set neither of its keys (a user's batch wins)."""
+    import torch
 
-    keys = {k.split("=", 1)[0] for k in FLOAT32_GRPO}
-    mine = any(o.split("=", 1)[0].strip() in keys for o in overrides)
-    dtype = load_recipe(recipe, overrides).model.dtype
-    float32 = dtype == "float32" or (dtype == "auto" and not cuda_available())
+    from rlkit.backends.hf import torch_dtype
+    from rlkit.recipe import apply_overrides, load_recipe
+
+    float32 = torch_dtype(load_recipe(recipe, overrides).model.dtype) == torch.float32
+    mine = (apply_overrides({}, overrides).get("trainer") or {}).keys() & apply_overrides({}, FLOAT32_GRPO)["trainer"]
     return (FLOAT32_GRPO if float32 and not mine else []) + overrides
 
 
