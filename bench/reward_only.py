@@ -9,7 +9,8 @@ two worked turns in the prompt (``data.prompt: short``, the base's few-shot form
 - RFT, the SFT a user without worked answers can run (STaR / expert iteration, one round): ``rlkit eval --samples
   4 --temperature 0.8`` on as many pool problems as GRPO saw (``--steps`` x 8), the same completion budget; every
   distinct right completion becomes an SFT row; ``smol_arith_sft`` on those rows, at its learning rate held
-  constant, for GRPO's training minutes less the sampling's (``rlkit train --max-minutes``).
+  constant, for GRPO's training minutes less the sampling's (``rlkit train --max-minutes``). The
+  sampling is seeded by ``rlkit eval`` (torch seed 0): ``--seed`` changes GRPO's and the SFT's seeds, not RFT's rows.
 - Both evaluated on every set of the ``arith`` suite (``rlkit eval RUN --suite arith``), beside the base.
 
     python bench/reward_only.py --out /tmp/reward-only              # 12 GRPO steps at lr 1.5e-4, seed 0
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = right_rows(records)
     (out / "rft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     left = minutes - sampled["seconds"] / 60
+    if left < 0.01:
+        raise SystemExit(f"sampling took {sampled['seconds']:.0f} s, GRPO trained {minutes * 60:.0f} s: no minutes "
+                         "left for RFT's SFT; give GRPO more --steps")
     summary.update(sampling_s=sampled["seconds"], problems=n, rows=len(rows), rft_sft_minutes=round(left, 3),
                    problems_right=sum(any(s["correct"] for s in r["samples"]) for r in records))
     rlkit("train", SFT, *[a for o in rft_overrides(out / "rft.jsonl", args.seed) for a in ("--set", o)],
