@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]  # rlkit from the checkout, installed or not
 
+from common import machine, machine_line, others_cpu_share  # noqa: E402  (after the path is set)
+
 GRPO, SFT = "recipes/smol_arith_grpo.yaml", "recipes/smol_arith_sft.yaml"
 POOL = {"synthetic": 2000, "seed": 7, "generator": {"max_value": 50, "ops": "+-*", "max_factor": 12, "max_steps": 1}}
 PROMPTS_PER_STEP, SAMPLES, TEMPERATURE = 8, 4, 0.8  # the GRPO recipe's 8 prompts x 4 completions at 0.8
@@ -70,8 +72,14 @@ def right_rows(samples: list[dict]) -> list[dict[str, str]]:
 
 
 def rlkit(*args: str, log: Path) -> None:
+    """``rlkit ARGS``, its output in ``log``; a stage that fails ends the bench with one line: the stage, its last
+    line of output (rlkit's own one-line error for a bad setting) and the log."""
     with log.open("w", encoding="utf-8") as f:
-        subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=True)
+        done = subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode:
+        lines = log.read_text(encoding="utf-8").strip().splitlines() or ["(no output)"]
+        print(f"rlkit {args[0]} failed (exit {done.returncode}): {lines[-1].strip()}  [{log}]", file=sys.stderr)
+        raise SystemExit(done.returncode)
 
 
 def table(out: Path) -> str:
@@ -110,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    started_on = machine()  # the commit and machine, as the run starts
     summary: dict = {"steps": args.steps, "lr": args.lr, "seed": args.seed, "pool": args.pool or POOL}
 
     started = time.time()
@@ -141,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     rlkit("eval", str(out / "rft"), "--suite", "arith", "--no-base", "--out", str(out / "eval-rft"),
           log=out / "eval-rft.log")
     (out / "table.md").write_text(table(out), encoding="utf-8")
+    # Where and on what it ran, and whether other processes shared the CPUs (an equal-time comparison then is not).
+    summary["machine"] = {**started_on, "others_cpu_share": others_cpu_share()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(machine_line(summary["machine"]))
     print(json.dumps(summary, indent=2))
     print((out / "table.md").read_text())
     return 0

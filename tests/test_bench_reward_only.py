@@ -54,3 +54,38 @@ def test_rft_rows_are_each_problem_s_distinct_right_samples_prompted_as_sampled(
 
     sft = gsm8k.sft_rows(Dataset.from_list(rows), prompt="short")
     assert sft[0]["prompt"] == prompt and sft[1]["completion"] == [{"role": "assistant", "content": rows[1]["answer"]}]
+
+
+def test_a_bad_pool_ends_the_bench_with_rlkit_s_one_line_error_and_its_exit_code(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as stopped:
+        reward_only.main(["--out", str(tmp_path / "run"), "--pool",
+                          '{"synthetic": 10, "generator": {"max_valu": 5}}'])
+    assert stopped.value.code == 2  # rlkit's exit code for a bad setting, passed on
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlkit train failed (exit 2):") and "max_valu" in err[0]
+    assert not (tmp_path / "run" / "grpo").exists() and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_the_table_pairs_each_arm_on_the_same_problems_with_the_difference_the_right_way_round(tmp_path):
+    """table() reads the suite evals' folders; GRPO - RFT is GRPO's score less RFT's, per set and pooled."""
+    import json
+
+    from rlkit.evaluate.suite import load_suite
+
+    sets = [s.name for s in load_suite("arith").sets]
+    right = {"base-smollm2-135m-instruct": 1, "trained-grpo": 3, "trained-rft": 2}  # of 4 problems, per set
+    for folder, parent in (("base-smollm2-135m-instruct", "eval-grpo"), ("trained-grpo", "eval-grpo"),
+                           ("trained-rft", "eval-rft")):
+        (tmp_path / parent / folder).mkdir(parents=True)
+        for name in sets:
+            examples = [{"correct": i < right[folder]} for i in range(4)]
+            (tmp_path / parent / folder / f"{name}.json").write_text(json.dumps({"examples": examples}))
+    lines = reward_only.table(tmp_path).strip().splitlines()
+    assert len(lines) == 2 + len(sets) + 1
+    box = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert box[:4] == [sets[0], "0.25", "0.75", "0.50"]
+    assert box[4].startswith("+0.50") and box[5].startswith("+0.25") and box[6].startswith("+0.25")  # G-b, R-b, G-R
+    pooled = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert pooled[:4] == ["all, pooled", "0.250", "0.750", "0.500"] and pooled[6].startswith("+0.25")
