@@ -6,15 +6,20 @@ two worked turns in the prompt (``data.prompt: short``, the base's few-shot form
 
 - GRPO: ``smol_arith_grpo`` from the base (``--steps`` steps of 8 prompts x 4 completions at ``--lr``), rewarded
   by the right final number, as the demo.
-- RFT, the SFT a user without worked answers can run (STaR / expert iteration, one round): ``rlkit eval --samples
-  4 --temperature 0.8`` on as many pool problems as GRPO saw (``--steps`` x 8), the same completion budget; every
-  distinct right completion becomes an SFT row; ``smol_arith_sft`` on those rows, at its learning rate held
-  constant, for GRPO's training minutes less the sampling's (``rlkit train --max-minutes``). The
-  sampling is seeded by ``rlkit eval`` (torch seed 0): ``--seed`` changes GRPO's and the SFT's seeds, not RFT's rows.
+- RFT, the SFT a user without worked answers can run (STaR / expert iteration; one round unless ``--rft-rounds``):
+  ``rlkit eval --samples 4 --temperature 0.8`` on as many pool problems as GRPO saw (``--steps`` x 8), the same
+  completion budget; every distinct right completion becomes an SFT row; ``smol_arith_sft`` on those rows, at its
+  learning rate held constant, for GRPO's training minutes less the sampling's (``rlkit train --max-minutes``).
+  The sampling is seeded by ``rlkit eval`` (torch seed 0): ``--seed`` changes GRPO's and the SFT's seeds, not
+  RFT's rows. ``--rft-rounds R``: expert iteration in R rounds within the same minutes, sampling included: each
+  round samples its share of the problems (fresh ones from the same generator) from the model so far and continues
+  the SFT on every right completion so far. ``--grpo-from DIR`` compares with the GRPO run of an earlier
+  ``--out``.
 - Both evaluated on every set of the ``arith`` suite (``rlkit eval RUN --suite arith``), beside the base.
 
     python bench/reward_only.py --out /tmp/reward-only              # 12 GRPO steps at lr 1.5e-4, seed 0
     python bench/reward_only.py --out /tmp/ro-s1 --seed 1 --steps 36
+    python bench/reward_only.py --out /tmp/ro-s1-r3 --grpo-from /tmp/ro-s1 --rft-rounds 3   # the same GRPO run
     python bench/reward_only.py --out /tmp/ro-2d --pool '{"synthetic": 2000, "seed": 7, "generator": {"min_value": 10,
         "max_value": 99, "max_steps": 1}}'                       # two-digit + and -: rarer right answers
 
@@ -35,6 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]  # rlkit from the checkout, installed or not
 
 from common import machine, machine_line, others_cpu_share  # noqa: E402  (after the path is set)
+
+from rlkit.demos.stages import train_minutes  # noqa: E402
+from rlkit.runs import read_metrics  # noqa: E402
 
 GRPO, SFT = "recipes/smol_arith_grpo.yaml", "recipes/smol_arith_sft.yaml"
 POOL = {"synthetic": 2000, "seed": 7, "generator": {"max_value": 50, "ops": "+-*", "max_factor": 12, "max_steps": 1}}
@@ -82,12 +90,15 @@ def rlkit(*args: str, log: Path) -> None:
         raise SystemExit(done.returncode)
 
 
-def table(out: Path) -> str:
+def table(out: Path, grpo_evals: Path | None = None) -> str:
+    """The per-set table from the suite evals: GRPO's (and the base's) in ``grpo_evals`` (default
+    ``out/eval-grpo``), RFT's in ``out/eval-rft``."""
     from rlkit.evaluate.results import per_problem
     from rlkit.evaluate.suite import load_suite
     from rlkit.stats import paired, show_diff
 
-    folders = {"base": out / "eval-grpo" / "base-smollm2-135m-instruct", "GRPO": out / "eval-grpo" / "trained-grpo",
+    grpo_evals = grpo_evals or out / "eval-grpo"
+    folders = {"base": grpo_evals / "base-smollm2-135m-instruct", "GRPO": grpo_evals / "trained-grpo",
                "RFT": out / "eval-rft" / "trained-rft"}
     pairs = [("base", "GRPO"), ("base", "RFT"), ("RFT", "GRPO")]
     lines = ["| set | base | GRPO | RFT | GRPO - base | RFT - base | GRPO - RFT |", "|---|---|---|---|---|---|---|"]
@@ -103,10 +114,48 @@ def table(out: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    from rlkit.demos.stages import train_minutes
-    from rlkit.runs import read_metrics
+def round_pool(pool: dict, k: int) -> dict:
+    """Round ``k``'s problems (1-based): round 1 samples the pool itself, each later round fresh problems from the
+    same generator (the pool's seed moved on by ``k - 1``)."""
+    return pool if k == 1 else {**pool, "seed": pool.get("seed", 0) + k - 1}
 
+
+def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: dict) -> None:
+    """RFT in ``rounds`` rounds within ``minutes`` (sampling included): each round samples its share of the problems
+    from the model so far (the base, then the last round's adapter), adds the distinct right completions to the
+    rows and continues the SFT on all the rows so far for its share of the minutes left."""
+    n = summary["steps"] * PROMPTS_PER_STEP // rounds
+    rows: list[dict[str, str]] = []
+    used, summary["rft_rounds"] = 0.0, []
+    for k in range(1, rounds + 1):
+        name = "rft" if k == rounds else f"rft-round{k}"
+        before = [] if k == 1 else ["--model", str(out / f"rft-round{k - 1}")]
+        rlkit("eval", GRPO, *before, *[a for o in sampling_overrides(round_pool(pool, k)) for a in ("--set", o)],
+              "--limit", str(n), "--samples", str(SAMPLES), "--temperature", str(TEMPERATURE),
+              "--out", str(out / f"samples-{k}.json"), log=out / f"samples-{k}.log")
+        sampled = json.loads((out / f"samples-{k}.json").read_text())["samples"]
+        records = [json.loads(line) for line in Path(sampled["samples"]).read_text().splitlines()]
+        new = [r for r in right_rows(records) if r not in rows]
+        rows += new
+        (out / f"rft-{k}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        share = (minutes - used) / (rounds - k + 1) - sampled["seconds"] / 60
+        if share < 0.01:
+            raise SystemExit(f"round {k}'s sampling took {sampled['seconds']:.0f} s, leaving its SFT no minutes of "
+                             f"GRPO's {minutes * 60:.0f} s: give GRPO more --steps or RFT fewer --rft-rounds")
+        start = [] if k == 1 else [f"init_from={json.dumps(str(out / f'rft-round{k - 1}'))}"]
+        rlkit("train", SFT, *[a for o in [*rft_overrides(out / f"rft-{k}.jsonl", seed), *start] for a in ("--set", o)],
+              "--max-minutes", f"{share:.3f}", "--output-dir", str(out / name), "--overwrite", "--no-doctor",
+              log=out / f"{name}.log")
+        steps = next(r["step"] for r in reversed(read_metrics(out / name)) if "train_runtime" in r)
+        used += sampled["seconds"] / 60 + train_minutes(out / name)
+        summary["rft_rounds"].append({"problems": n, "sampling_s": sampled["seconds"], "new_rows": len(new),
+                                      "rows": len(rows), "sft_minutes": round(share, 3), "sft_steps": steps,
+                                      "problems_right": sum(any(s["correct"] for s in r["samples"]) for r in records)})
+    summary.update(rows=len(rows), rft_minutes_used=round(used, 3),
+                   rft_sft_steps=sum(r["sft_steps"] for r in summary["rft_rounds"]))
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=12)
@@ -115,41 +164,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=json.loads, default=None,
                         help='both arms\' problems, a data source as JSON (default: the GRPO recipe\'s own), e.g. '
                              '\'{"synthetic": 2000, "seed": 7, "generator": {"min_value": 10, "max_value": 99}}\'')
+    parser.add_argument("--rft-rounds", type=int, default=1, choices=range(1, 9), metavar="{1..8}",
+                        help="RFT in this many rounds, each sampling from the last round's model (default 1)")
+    parser.add_argument("--grpo-from", type=Path, default=None,
+                        help="an earlier bench --out whose GRPO run and evals to compare with (its steps, lr, seed "
+                             "and pool; no GRPO trained here)")
     args = parser.parse_args(argv)
     out = args.out.resolve()
+    earlier = args.grpo_from.resolve() if args.grpo_from else None
+    if earlier is not None and not (earlier / "summary.json").is_file():
+        parser.error(f"--grpo-from {args.grpo_from}: no summary.json there; give the --out of a finished bench run")
+    if earlier == out:
+        parser.error("--grpo-from is the --out folder; give a new --out")
     out.mkdir(parents=True, exist_ok=True)
     started_on = machine()  # the commit and machine, as the run starts
     summary: dict = {"steps": args.steps, "lr": args.lr, "seed": args.seed, "pool": args.pool or POOL}
+    if earlier is None:
+        started = time.time()
+        rlkit("train", GRPO, *[a for o in grpo_overrides(args.steps, args.lr, args.seed, args.pool)
+                               for a in ("--set", o)],
+              "--output-dir", str(out / "grpo"), "--overwrite", "--no-doctor", log=out / "grpo.log")
+        summary["grpo_minutes"] = train_minutes(out / "grpo")
+        summary["grpo_wall_s"] = round(time.time() - started, 1)
+    else:
+        then = json.loads((earlier / "summary.json").read_text())
+        summary = {k: then[k] for k in ("steps", "lr", "seed", "pool", "grpo_minutes", "grpo_wall_s")}
+        summary["grpo_from"] = {"out": str(earlier), "machine": then.get("machine")}
+        print(f"GRPO from {earlier}: {summary['steps']} steps, lr {summary['lr']}, seed {summary['seed']}, "
+              f"{summary['grpo_minutes']:.2f} min", flush=True)
 
-    started = time.time()
-    rlkit("train", GRPO, *[a for o in grpo_overrides(args.steps, args.lr, args.seed, args.pool) for a in ("--set", o)],
-          "--output-dir", str(out / "grpo"), "--overwrite", "--no-doctor", log=out / "grpo.log")
-    summary["grpo_minutes"] = minutes = train_minutes(out / "grpo")
-    summary["grpo_wall_s"] = round(time.time() - started, 1)
-
-    n = args.steps * PROMPTS_PER_STEP
-    rlkit("eval", GRPO, *[a for o in sampling_overrides(args.pool) for a in ("--set", o)], "--limit", str(n),
-          "--samples", str(SAMPLES), "--temperature", str(TEMPERATURE), "--out", str(out / "samples.json"),
-          log=out / "samples.log")
-    sampled = json.loads((out / "samples.json").read_text())["samples"]
-    records = [json.loads(line) for line in Path(sampled["samples"]).read_text().splitlines()]
-    rows = right_rows(records)
-    (out / "rft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    left = minutes - sampled["seconds"] / 60
-    if left < 0.01:
-        raise SystemExit(f"sampling took {sampled['seconds']:.0f} s, GRPO trained {minutes * 60:.0f} s: no minutes "
-                         "left for RFT's SFT; give GRPO more --steps")
-    summary.update(sampling_s=sampled["seconds"], problems=n, rows=len(rows), rft_sft_minutes=round(left, 3),
-                   problems_right=sum(any(s["correct"] for s in r["samples"]) for r in records))
-    rlkit("train", SFT, *[a for o in rft_overrides(out / "rft.jsonl", args.seed) for a in ("--set", o)],
-          "--max-minutes", f"{left:.3f}", "--output-dir", str(out / "rft"), "--overwrite", "--no-doctor",
-          log=out / "rft.log")
-    summary["rft_sft_steps"] = next(r["step"] for r in reversed(read_metrics(out / "rft")) if "train_runtime" in r)
-
-    rlkit("eval", str(out / "grpo"), "--suite", "arith", "--out", str(out / "eval-grpo"), log=out / "eval-grpo.log")
+    rft(out, summary, summary["grpo_minutes"], args.rft_rounds, summary["seed"], summary["pool"])
+    grpo_evals = out / "eval-grpo"
+    if earlier is None:
+        rlkit("eval", str(out / "grpo"), "--suite", "arith", "--out", str(grpo_evals), log=out / "eval-grpo.log")
+    else:
+        grpo_evals = earlier / "eval-grpo"
     rlkit("eval", str(out / "rft"), "--suite", "arith", "--no-base", "--out", str(out / "eval-rft"),
           log=out / "eval-rft.log")
-    (out / "table.md").write_text(table(out), encoding="utf-8")
+    (out / "table.md").write_text(table(out, grpo_evals), encoding="utf-8")
     # Where and on what it ran, and whether other processes shared the CPUs (an equal-time comparison then is not).
     summary["machine"] = {**started_on, "others_cpu_share": others_cpu_share()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -89,3 +89,28 @@ def test_the_table_pairs_each_arm_on_the_same_problems_with_the_difference_the_r
     assert box[4].startswith("+0.50") and box[5].startswith("+0.25") and box[6].startswith("+0.25")  # G-b, R-b, G-R
     pooled = [c.strip() for c in lines[-1].strip("|").split("|")]
     assert pooled[:4] == ["all, pooled", "0.250", "0.750", "0.500"] and pooled[6].startswith("+0.25")
+
+
+def test_later_rft_rounds_sample_fresh_problems_of_the_same_generator():
+    from rlkit.data import load_rows
+    from rlkit.recipe import load_recipe
+
+    pool = reward_only.POOL
+    assert reward_only.round_pool(pool, 1) is pool  # round 1: GRPO's own pool, as with one round
+    later = [reward_only.round_pool(pool, k) for k in (2, 3)]
+    assert [p["seed"] for p in later] == [pool["seed"] + 1, pool["seed"] + 2] and pool["seed"] == 7
+    assert all({k: v for k, v in p.items() if k != "seed"} == {k: v for k, v in pool.items() if k != "seed"}
+               for p in later)
+    recipes = [load_recipe(ROOT / reward_only.GRPO, reward_only.sampling_overrides(reward_only.round_pool(pool, k)))
+               for k in (1, 2)]
+    first, second = ({row["question"] for row in load_rows(r.data.task, r.data.eval).select(range(96))} for r in recipes)
+    assert len(first) > 90 and len(first & second) < 10  # fresh problems
+
+
+def test_grpo_from_a_folder_without_a_finished_run_is_a_one_line_error(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as stopped:
+        reward_only.main(["--out", str(tmp_path / "run"), "--grpo-from", str(tmp_path), "--rft-rounds", "3"])
+    assert stopped.value.code == 2
+    assert "--grpo-from" in capsys.readouterr().err and not (tmp_path / "run").exists()
