@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["grpo_wall_s"] = round(time.time() - started, 1)
     else:
         then = json.loads((earlier / "summary.json").read_text())
+        then.setdefault("pool", POOL)  # a run from before summary.json named its pool trained on the default
         summary = {k: then[k] for k in ("steps", "lr", "seed", "pool", "grpo_minutes", "grpo_wall_s")}
         summary["grpo_from"] = {"out": str(earlier), "machine": then.get("machine")}
         print(f"GRPO from {earlier}: {summary['steps']} steps, lr {summary['lr']}, seed {summary['seed']}, "
