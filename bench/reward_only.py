@@ -121,9 +121,11 @@ def round_pool(pool: dict, k: int) -> dict:
 
 
 def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: dict) -> None:
-    """RFT in ``rounds`` rounds within ``minutes`` (sampling included): each round samples its share of the problems
-    from the model so far (the base, then the last round's adapter), adds the distinct right completions to the
-    rows and continues the SFT on all the rows so far for its share of the minutes left."""
+    """RFT in ``rounds`` rounds within ``minutes`` (sampling included; the greedy pass ``rlkit eval --samples`` also
+    makes is not): each round samples its share of the problems from the model so far (the base, then the last
+    round's adapter), adds the distinct right completions to the rows and trains the last adapter on all the rows so
+    far (a fresh optimizer) for its share of the minutes left (``sft_budget_minutes``; ``sft_minutes`` is what the
+    loop took, stopped at the first step past the budget)."""
     n = summary["steps"] * PROMPTS_PER_STEP // rounds
     rows: list[dict[str, str]] = []
     used, summary["rft_rounds"] = 0.0, []
@@ -147,9 +149,11 @@ def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: 
               "--max-minutes", f"{share:.3f}", "--output-dir", str(out / name), "--overwrite", "--no-doctor",
               log=out / f"{name}.log")
         steps = next(r["step"] for r in reversed(read_metrics(out / name)) if "train_runtime" in r)
-        used += sampled["seconds"] / 60 + train_minutes(out / name)
+        trained = train_minutes(out / name)
+        used += sampled["seconds"] / 60 + trained
         summary["rft_rounds"].append({"problems": n, "sampling_s": sampled["seconds"], "new_rows": len(new),
-                                      "rows": len(rows), "sft_minutes": round(share, 3), "sft_steps": steps,
+                                      "rows": len(rows), "sft_budget_minutes": round(share, 3),
+                                      "sft_minutes": round(trained, 3), "sft_steps": steps,
                                       "problems_right": sum(any(s["correct"] for s in r["samples"]) for r in records)})
     summary.update(rows=len(rows), rft_minutes_used=round(used, 3),
                    rft_sft_steps=sum(r["sft_steps"] for r in summary["rft_rounds"]))
