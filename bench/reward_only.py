@@ -41,7 +41,7 @@ sys.path[:0] = [str(ROOT)]  # rlkit from the checkout, installed or not
 
 from common import machine, machine_line, others_cpu_share  # noqa: E402  (after the path is set)
 
-from rlkit.demos.stages import train_minutes  # noqa: E402
+from rlkit.demos.stages import control_overrides, train_minutes  # noqa: E402
 from rlkit.runs import read_metrics  # noqa: E402
 
 GRPO, SFT = "recipes/smol_arith_grpo.yaml", "recipes/smol_arith_sft.yaml"
@@ -58,11 +58,10 @@ def sampling_overrides(pool: dict | None = None) -> list[str]:
     return ["data.prompt=short", f"data.eval={json.dumps(pool or POOL)}"]
 
 
-def rft_overrides(rows: Path, seed: int) -> list[str]:
-    """``smol_arith_sft`` on the right samples, lr constant, as the demos' equal-time control trains."""
-    return [f"data.train={json.dumps({'path': str(rows)})}", "data.prompt=short", "trainer.max_steps=100000",
-            "trainer.lr_scheduler_type=constant", "trainer.warmup_steps=0", "trainer.save_steps=100000",
-            f"trainer.seed={seed}"]
+def rft_overrides(rows: Path, seed: int, adapter: Path | None = None) -> list[str]:
+    """``smol_arith_sft`` on the right samples (from ``adapter``, else the base), trained as the demos' equal-time
+    control is: lr constant until ``--max-minutes``."""
+    return control_overrides(["data.prompt=short", f"trainer.seed={seed}"], adapter, {"path": str(rows)})
 
 
 def right_rows(samples: list[dict]) -> list[dict[str, str]]:
@@ -144,8 +143,8 @@ def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: 
         if share < 0.01:
             raise SystemExit(f"round {k}'s sampling took {sampled['seconds']:.0f} s, leaving its SFT no minutes of "
                              f"GRPO's {minutes * 60:.0f} s: give GRPO more --steps or RFT fewer --rft-rounds")
-        start = [] if k == 1 else [f"init_from={json.dumps(str(out / f'rft-round{k - 1}'))}"]
-        rlkit("train", SFT, *[a for o in [*rft_overrides(out / f"rft-{k}.jsonl", seed), *start] for a in ("--set", o)],
+        adapter = None if k == 1 else out / f"rft-round{k - 1}"
+        rlkit("train", SFT, *[a for o in rft_overrides(out / f"rft-{k}.jsonl", seed, adapter) for a in ("--set", o)],
               "--max-minutes", f"{share:.3f}", "--output-dir", str(out / name), "--overwrite", "--no-doctor",
               log=out / f"{name}.log")
         steps = next(r["step"] for r in reversed(read_metrics(out / name)) if "train_runtime" in r)
@@ -162,9 +161,9 @@ def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--lr", type=float, default=1.5e-4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default 12)")
+    parser.add_argument("--lr", type=float, default=None, help="GRPO's learning rate (default 1.5e-4)")
+    parser.add_argument("--seed", type=int, default=None, help="GRPO's and the SFT's seed (default 0)")
     parser.add_argument("--pool", type=json.loads, default=None,
                         help='both arms\' problems, a data source as JSON (default: the GRPO recipe\'s own), e.g. '
                              '\'{"synthetic": 2000, "seed": 7, "generator": {"min_value": 10, "max_value": 99}}\'')
@@ -180,20 +179,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--grpo-from {args.grpo_from}: no summary.json there; give the --out of a finished bench run")
     if earlier == out:
         parser.error("--grpo-from is the --out folder; give a new --out")
+    given = [f"--{k}" for k in ("steps", "lr", "seed", "pool") if getattr(args, k) is not None]
+    if earlier is not None and given:
+        parser.error(f"--grpo-from takes GRPO's steps, lr, seed and pool from that run; drop {', '.join(given)}")
+    then: dict = {}
+    if earlier is not None:
+        try:
+            then = json.loads((earlier / "summary.json").read_text())
+            then.setdefault("pool", POOL)  # a run from before summary.json named its pool trained on the default
+            then = {**{k: then[k] for k in ("steps", "lr", "seed", "pool", "grpo_minutes", "grpo_wall_s")},
+                    "machine": then.get("machine")}
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            parser.error(f"--grpo-from {args.grpo_from}: its summary.json is not a finished bench run's ({e!r})")
+    steps, lr, seed = (12 if args.steps is None else args.steps, 1.5e-4 if args.lr is None else args.lr,
+                       0 if args.seed is None else args.seed)
     out.mkdir(parents=True, exist_ok=True)
     started_on = machine()  # the commit and machine, as the run starts
-    summary: dict = {"steps": args.steps, "lr": args.lr, "seed": args.seed, "pool": args.pool or POOL}
+    summary: dict = {"steps": steps, "lr": lr, "seed": seed, "pool": args.pool or POOL}
     if earlier is None:
         started = time.time()
-        rlkit("train", GRPO, *[a for o in grpo_overrides(args.steps, args.lr, args.seed, args.pool)
-                               for a in ("--set", o)],
+        rlkit("train", GRPO, *[a for o in grpo_overrides(steps, lr, seed, args.pool) for a in ("--set", o)],
               "--output-dir", str(out / "grpo"), "--overwrite", "--no-doctor", log=out / "grpo.log")
         summary["grpo_minutes"] = train_minutes(out / "grpo")
         summary["grpo_wall_s"] = round(time.time() - started, 1)
     else:
-        then = json.loads((earlier / "summary.json").read_text())
-        then.setdefault("pool", POOL)  # a run from before summary.json named its pool trained on the default
-        summary = {k: then[k] for k in ("steps", "lr", "seed", "pool", "grpo_minutes", "grpo_wall_s")}
+        summary = {k: v for k, v in then.items() if k != "machine"}
         summary["grpo_from"] = {"out": str(earlier), "machine": then.get("machine")}
         print(f"GRPO from {earlier}: {summary['steps']} steps, lr {summary['lr']}, seed {summary['seed']}, "
               f"{summary['grpo_minutes']:.2f} min", flush=True)

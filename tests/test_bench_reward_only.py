@@ -31,6 +31,9 @@ def test_every_stage_s_overrides_are_valid_and_sample_grpo_s_own_pool():
     rft = load_recipe(ROOT / reward_only.SFT, reward_only.rft_overrides(Path("/x/rft.jsonl"), 0))
     assert rft.algorithm == "sft" and rft.data.train.path == "/x/rft.jsonl" and rft.data.prompt == "short"
     assert rft.trainer["lr_scheduler_type"] == "constant" and rft.trainer["max_steps"] == 100000
+    assert rft.init_from is None  # round 1 starts from the base; a later round from the last round's adapter
+    later = reward_only.rft_overrides(Path("/x/rft-2.jsonl"), 0, Path("/x/rft-round1"))
+    assert 'init_from="/x/rft-round1"' in later and later[:-1] != reward_only.rft_overrides(Path("/x/rft-2.jsonl"), 0)
 
 
 def test_rft_rows_are_each_problem_s_distinct_right_samples_prompted_as_sampled():
@@ -114,3 +117,10 @@ def test_grpo_from_a_folder_without_a_finished_run_is_a_one_line_error(tmp_path,
         reward_only.main(["--out", str(tmp_path / "run"), "--grpo-from", str(tmp_path), "--rft-rounds", "3"])
     assert stopped.value.code == 2
     assert "--grpo-from" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    # A summary that is not a finished run's, or flags the earlier run already fixed: one line, nothing written.
+    (tmp_path / "summary.json").write_text('{"steps": 36, "lr": 0.00015, "seed": 1}')
+    for extra, said in (([], "not a finished bench run's"), (["--seed", "2"], "drop --seed")):
+        with pytest.raises(SystemExit) as stopped:
+            reward_only.main(["--out", str(tmp_path / "run"), "--grpo-from", str(tmp_path), *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stopped.value.code == 2 and said in err[-1] and not (tmp_path / "run").exists()

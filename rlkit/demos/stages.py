@@ -211,13 +211,13 @@ def train_minutes(run_dir: Path) -> float:
     return next(r["train_runtime"] for r in reversed(read_metrics(run_dir)) if "train_runtime" in r) / 60
 
 
-def control_overrides(overrides: list[str], sft_dir: Path, pool: dict[str, Any] | None = None) -> list[str]:
-    """The equal-time control a user would ask for: the SFT recipe continued from ``sft_dir`` (on ``pool``, the RL
-    stage's ``data.train``, where the SFT can train on it; else on the SFT's own data), at its learning rate held
-    constant, until ``rlkit train --max-minutes`` (the RL stage's minutes) ends it."""
+def control_overrides(overrides: list[str], sft_dir: Path | None, pool: dict[str, Any] | None = None) -> list[str]:
+    """The equal-time control a user would ask for: the SFT recipe continued from ``sft_dir`` (None: the base) on
+    ``pool`` (the RL stage's ``data.train``; None: the SFT's own data), its learning rate held constant, until
+    ``rlkit train --max-minutes`` (the RL stage's minutes) ends it."""
     data = [f"data.train={json.dumps(pool)}"] if pool is not None else []
-    return [*overrides, f"init_from={json.dumps(str(sft_dir))}", *data, "trainer.max_steps=100000",
-            "trainer.lr_scheduler_type=constant", "trainer.warmup_steps=0",
+    return [*overrides, *([f"init_from={json.dumps(str(sft_dir))}"] if sft_dir else []), *data,
+            "trainer.max_steps=100000", "trainer.lr_scheduler_type=constant", "trainer.warmup_steps=0",
             "trainer.save_steps=100000"]
 
 
