@@ -276,17 +276,6 @@ class RankFilter(logging.Filter):
         return True
 
 
-def install_rank_filter(logger: logging.Logger | None = None) -> RankFilter | None:
-    """Add a :class:`RankFilter` to every handler of ``logger`` (default: the root logger) when several
-    processes run; returns it, or None for a single process."""
-    rank_filter = RankFilter()
-    if rank_filter.world_size <= 1:
-        return None
-    for handler in (logger or logging.getLogger()).handlers:
-        handler.addFilter(rank_filter)
-    return rank_filter
-
-
 def barrier() -> None:
     """Wait for every process (a no-op for one)."""
     if rank_info()[2] > 1:

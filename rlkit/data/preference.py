@@ -70,10 +70,6 @@ def _wrap_answers(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def is_conversational(ds) -> bool:
-    return isinstance(ds[0]["prompt"], list)
-
-
 # ---------------------------------------------------------------------------------------------
 # As a task: generated pairs for smoke runs
 

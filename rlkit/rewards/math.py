@@ -14,10 +14,6 @@ import re
 from rlkit.rewards.qa import answer_tag_format
 from rlkit.rewards.text import completion_text, strip_think
 
-ANSWER_FORMAT = "#### <number>"
-"""The final line rlkit asks for. The system prompt reads: "Reason step by step, then give the
-final answer on the last line in the form `#### <number>`"."""
-
 # A sign, a `$`, thousands separators only in groups of three, decimals. Not glued to a word or a
 # dot on its left, so "x2", "3-5" and "v1.2" do not yield "2", "-5" and "2".
 _NUMBER = r"(?<![\w.])-?\$?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"

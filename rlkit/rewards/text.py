@@ -56,7 +56,6 @@ _CHAR_RUN = re.compile(r"([^\s\d])\1{7,}")
 # The text ends in one unit of 1-40 characters written three times or more in a row, 16 characters or more in all
 # (so "#### 1000" is not a loop of zeros): a loop the token limit cut.
 _LOOP_TAIL = re.compile(r"(.{1,40}?)\1{2,}\s*\Z", re.DOTALL)
-DEGENERATE_KINDS = ("no answer", "character run", "loop")
 
 
 def degenerate(text: str, answer: object) -> str | None:
