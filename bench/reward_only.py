@@ -23,13 +23,15 @@ two worked turns in the prompt (``data.prompt: short``, the base's few-shot form
     python bench/reward_only.py --out /tmp/ro-2d --pool '{"synthetic": 2000, "seed": 7, "generator": {"min_value": 10,
         "max_value": 99, "max_steps": 1}}'                       # two-digit + and -: rarer right answers
 
-Every stage is an ``rlkit`` command in a process of its own, as a user would type it; ``table.md`` in ``--out``
-holds the per-set accuracies and the paired differences (GRPO - base, RFT - base, GRPO - RFT; exact McNemar p).
+Every stage is an ``rlkit`` command in a process of its own, as a user would type it (in float32 on a CPU without
+bf16 matmul units, as the demos run there); ``table.md`` in ``--out`` holds the per-set accuracies and the paired
+differences (GRPO - base, RFT - base, GRPO - RFT; exact McNemar p).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -41,7 +43,7 @@ sys.path[:0] = [str(ROOT)]  # rlkit from the checkout, installed or not
 
 from common import machine, machine_line, others_cpu_share  # noqa: E402  (after the path is set)
 
-from rlkit.demos.stages import control_overrides, train_minutes  # noqa: E402
+from rlkit.demos.stages import control_overrides, machine_overrides, train_minutes  # noqa: E402
 from rlkit.runs import read_metrics  # noqa: E402
 
 GRPO, SFT = "recipes/smol_arith_grpo.yaml", "recipes/smol_arith_sft.yaml"
@@ -78,11 +80,21 @@ def right_rows(samples: list[dict]) -> list[dict[str, str]]:
     return rows
 
 
+@functools.cache
+def machine_sets() -> tuple[str, ...]:
+    """``--set model.dtype=float32`` on a CPU without bf16 matmul units, as the demos choose (their bf16 is emulated
+    there, 5-20x slower: 36 GRPO steps would take hours); nothing where the recipes' bf16 runs natively."""
+    from rich.console import Console
+
+    return tuple(a for o in machine_overrides(Console(stderr=True)) for a in ("--set", o))
+
+
 def rlkit(*args: str, log: Path) -> None:
-    """``rlkit ARGS``, its output in ``log``; a stage that fails ends the bench with one line: the stage, its last
-    line of output (rlkit's own one-line error for a bad setting) and the log."""
+    """``rlkit ARGS`` (with :func:`machine_sets`), its output in ``log``; a stage that fails ends the bench with one
+    line: the stage, its last line of output (rlkit's own one-line error for a bad setting) and the log."""
     with log.open("w", encoding="utf-8") as f:
-        done = subprocess.run([sys.executable, "-m", "rlkit", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        done = subprocess.run([sys.executable, "-m", "rlkit", *args, *machine_sets()], cwd=ROOT, stdout=f,
+                              stderr=subprocess.STDOUT)
     if done.returncode:
         lines = log.read_text(encoding="utf-8").strip().splitlines() or ["(no output)"]
         print(f"rlkit {args[0]} failed (exit {done.returncode}): {lines[-1].strip()}  [{log}]", file=sys.stderr)
@@ -208,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GRPO from {earlier}: {summary['steps']} steps, lr {summary['lr']}, seed {summary['seed']}, "
               f"{summary['grpo_minutes']:.2f} min", flush=True)
 
+    summary["machine_sets"] = list(machine_sets())  # this run's; GRPO's from --grpo-from ran with that run's
     rft(out, summary, summary["grpo_minutes"], args.rft_rounds, summary["seed"], summary["pool"])
     grpo_evals = out / "eval-grpo"
     if earlier is None:

@@ -34,6 +34,14 @@ def test_every_stage_s_overrides_are_valid_and_sample_grpo_s_own_pool():
     assert rft.init_from is None  # round 1 starts from the base; a later round from the last round's adapter
     later = reward_only.rft_overrides(Path("/x/rft-2.jsonl"), 0, Path("/x/rft-round1"))
     assert 'init_from="/x/rft-round1"' in later and later[:-1] != reward_only.rft_overrides(Path("/x/rft-2.jsonl"), 0)
+    # Every stage runs as the demos do on this CPU: float32 where bf16 would be emulated (hours for 36 steps).
+    from rlkit.backends import cuda_available
+    from rlkit.inference.fastgen import cpu_has_native_bf16
+
+    native, sets = cuda_available() or cpu_has_native_bf16(), reward_only.machine_sets()
+    assert sets == (() if native else ("--set", "model.dtype=float32"))
+    assert load_recipe(ROOT / reward_only.GRPO, [*reward_only.grpo_overrides(12, 1.5e-4, 1), *sets[1::2]]).model.dtype \
+        == ("bfloat16" if native else "float32")
 
 
 def test_rft_rows_are_each_problem_s_distinct_right_samples_prompted_as_sampled():
