@@ -151,7 +151,11 @@ def test_the_cpu_lm_head_reads_a_contiguous_input_instead_of_copying_itself_per_
         return int(grown_mb), float(total)
 
     (strided_mb, strided_sum), (contiguous_mb, contiguous_sum) = run("strided"), run("contiguous")
-    assert strided_mb > 500 and contiguous_mb < 150
+    from rlkit.inference.fastgen import cpu_has_native_bf16
+
+    # The copy is oneDNN's bf16 path on a CPU with bf16 units; emulated bf16 (AVX2: an AMD EPYC, measured 33 MB)
+    # reads the strided input in place. Either way the pre-hook's input stays under the bound.
+    assert contiguous_mb < 150 and (strided_mb > 500 or not cpu_has_native_bf16())
     # the same logits, up to the order a CPU with AMX sums a contiguous input in (measured: 7e-6 of the total)
     assert strided_sum == pytest.approx(contiguous_sum, rel=1e-4)
     model, _ = load(ModelSpec(name_or_path=str(tiny_model_dir), backend="hf"))

@@ -55,6 +55,10 @@ def test_bf16_gets_eager_attention_and_a_static_cache_that_change_nothing_but_sp
         sdpa = _model(smollm2_dir, torch.bfloat16)
         sdpa_logits = sdpa(**batch).logits.float()
     fast = for_generation(sdpa, "bfloat16")
+    if not cpu_has_native_bf16():  # measured on an AMD EPYC with AVX2: eager's top-1 agreement with fp32 0.974,
+        # SDPA's 0.994 (mean |dlogit| 0.211 vs 0.193), so a bf16 model there keeps the attention it was loaded with
+        assert fast.config._attn_implementation == "sdpa" and fast.generation_config.cache_implementation is None
+        return
     assert fast.config._attn_implementation == "eager"
     assert fast.generation_config.cache_implementation == "static"
     dynamic = _model(smollm2_dir, torch.bfloat16)
@@ -115,9 +119,11 @@ def test_auto_dtype_becomes_bf16_where_the_cpu_has_it(smollm2_dir):
 
 def test_a_lora_is_never_folded_into_bf16_weights(smollm2_dir):
     """bf16's rounding step is larger than most of a short run's LoRA update: merged, the model would forget
-    it. The adapter stays beside the bf16 weights, as it was trained, and still gets the bf16 speed-ups."""
+    it. The adapter stays beside the bf16 weights, as it was trained, and still gets the bf16 speed-ups where bf16 is
+    native."""
     peft = _model(smollm2_dir, torch.bfloat16, lora=True)
     model = for_generation(peft, "bfloat16")
-    assert hasattr(model, "peft_config") and model.config._attn_implementation == "eager"
+    assert hasattr(model, "peft_config")  # the speed-ups (eager, a static cache) where bf16 is native
+    assert model.config._attn_implementation == ("eager" if cpu_has_native_bf16() else "sdpa")
     if cpu_has_native_bf16():  # auto: converted to bf16, so not merged either
         assert hasattr(for_generation(_model(smollm2_dir, torch.float32, lora=True), "auto"), "peft_config")

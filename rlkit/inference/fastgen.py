@@ -56,8 +56,8 @@ def for_generation(model: Any, dtype_setting: str = "auto", attn_setting: str | 
             model = model.merge_and_unload()  # a PeftModel for inference: fold the LoRA into fp32 weights
         if to_bf16:
             model = model.to(torch.bfloat16)
-        if model.dtype == torch.bfloat16:
-            if attn_setting is None:
+        if model.dtype == torch.bfloat16 and cpu_has_native_bf16():  # emulated bf16 (AVX2): eager rounds further
+            if attn_setting is None:  # from fp32 than SDPA (tests/test_fastgen.py), and the speed is not there
                 model.set_attn_implementation("eager")
             if model.config._attn_implementation == "eager" and model.generation_config.cache_implementation is None:
                 model.generation_config.cache_implementation = "static"
