@@ -63,10 +63,12 @@ def test_two_grpo_steps_with_retrieval_mask_exactly_the_tool_text_and_train_only
                  "trainer.learning_rate=1e-2", "trainer.save_steps=2", "trainer.max_completion_length=512",
                  "data.train.synthetic=8", "retrieval.top_k=1",  # one passage per search: small, fast steps
                  "eval.agent_limit=2"]  # the recipe's agent eval (step 0 and the end) on 2 questions, not 20
-    from rlkit.inference.fastgen import cpu_has_native_bf16
+    from rich.console import Console
 
-    overrides += [] if cpu_has_native_bf16() else ["model.dtype=float32"]  # as the demos: emulated bf16 is 5-20x slower
-    recipe = load_recipe(GRPO, overrides)
+    from rlkit.demos.stages import machine_overrides
+
+    # float32 where bf16 would be emulated, as the demos choose (timed out at 300 s in bf16 on an AMD EPYC with AVX2)
+    recipe = load_recipe(GRPO, machine_overrides(Console(stderr=True)) + overrides)
     gold = oracle_gold(recipe, "train", None)  # 8 questions: two hops each, one search for the 2 null ones
     trainer, tok = build_trainer(recipe, tmp_path)
     batches = _script_oracle(trainer, tok, gold)
