@@ -251,7 +251,7 @@ def test_without_refills_the_loss_sees_only_the_groups_with_signal(table_trainer
     assert out["num_items_in_batch"].item() == first["completion_mask"][rows].sum().item()
     metrics = trainer._metrics["train"]
     assert metrics["dynamic_sampling/groups_trained"] == [0.5] and metrics["dynamic_sampling/zero_std_after"] == [0.0]
-    assert metrics["dynamic_sampling/extra_rounds"] == [0] and metrics["frac_reward_zero_std"] == [0.5]
+    assert "dynamic_sampling/extra_rounds" not in metrics and metrics["frac_reward_zero_std"] == [0.5]
     monkeypatch.setattr(sys.modules["table_rewards"], "CONSTANT", True)
     out = trainer._generate_and_score_completions(_rows(trainer, [0, 1, 2, 0]))
     assert out["advantages"].shape == (4,) and metrics["dynamic_sampling/groups_trained"][-1] == 0.25
@@ -450,11 +450,27 @@ def test_the_report_says_how_much_of_each_batch_the_loss_saw_without_refills():
     from rlkit.report.sampling import zero_variance_lines
 
     rows = [{"step": s, "frac_reward_zero_std": z, "dynamic_sampling/zero_std_before": z,
-             "dynamic_sampling/zero_std_after": 0.0, "dynamic_sampling/extra_rounds": 0.0,
-             "dynamic_sampling/extra_prompts": 0.0, "dynamic_sampling/groups_trained": 1 - z}
+             "dynamic_sampling/zero_std_after": 0.0, "dynamic_sampling/groups_trained": 1 - z}
             for s, z in ((1, 0.625), (2, 0.75))]
     text = "\n".join(zero_variance_lines(rows))
     assert "| before dynamic sampling (the first draw) | 0.625 | 0.750 | 0.688 | 2 |" in text
     assert "the loss saw 0.312 of each generation batch's groups" in text and "Refills:" not in text
-    refilled = [{k: v for k, v in r.items() if k != "dynamic_sampling/groups_trained"} for r in rows]
+    refilled = [{**{k: v for k, v in r.items() if k != "dynamic_sampling/groups_trained"},
+                 "dynamic_sampling/extra_rounds": 0.0, "dynamic_sampling/extra_prompts": 0.0} for r in rows]
     assert "Refills: 0.00 extra generation rounds" in "\n".join(zero_variance_lines(refilled))
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_the_zero_variance_chart_draws_what_the_batch_did(tmp_path, refill):
+    """With refills the lower panel is the extra rounds and prompts; without (nothing drawn again, none logged) the
+    share of the groups the loss saw, not a panel of zeros."""
+    from rlkit.report.charts import CHARTS
+
+    extra = ({"dynamic_sampling/extra_rounds": 1.0, "dynamic_sampling/extra_prompts": 4.0} if refill
+             else {"dynamic_sampling/groups_trained": 0.375})
+    rows = [{"step": s, "frac_reward_zero_std": 0.625, "dynamic_sampling/zero_std_before": 0.625,
+             "dynamic_sampling/zero_std_after": 0.0, **extra} for s in (1, 2, 3)]
+    chart = next(c for c in CHARTS if c.file == "zero_variance.png")
+    drawn = chart.draw("run", "grpo", rows, [], tmp_path / chart.file)
+    shares = ["dynamic_sampling/zero_std_before", "dynamic_sampling/zero_std_after", "frac_reward_zero_std"]
+    assert drawn == shares + list(extra) and (tmp_path / chart.file).stat().st_size > 0

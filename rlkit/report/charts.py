@@ -147,13 +147,16 @@ CHARTS = (
           "environment's own episode metrics (`env/*`, averaged over the batch's episodes).", _tools),
     Chart("zero_variance.png", "zero-variance groups", "Share of each step's groups whose completions all earned the "
           "same reward (GRPO learns nothing from them): in the first draw, and in the batch trained on once dynamic "
-          "sampling (`sampling.dynamic`) has refilled it; below, the extra generation rounds and prompts it took.",
+          "sampling (`sampling.dynamic`) has refilled it; below, the extra generation rounds and prompts it took "
+          "or, with `refill: false`, the share of each batch's groups the loss saw.",
           lambda rows, _: [("groups with equal rewards (fraction)", [
               Line("dynamic_sampling/zero_std_before", "before dynamic sampling (first draw)"),
               Line("dynamic_sampling/zero_std_after", "after (the batch trained on)"),
               Line("frac_reward_zero_std", "TRL's frac_reward_zero_std (first draw)")]),
               ("extra generation (count per batch)", [Line("dynamic_sampling/extra_rounds", "extra rounds"),
-                                                      Line("dynamic_sampling/extra_prompts", "extra prompts")])]),
+                                                      Line("dynamic_sampling/extra_prompts", "extra prompts")]),
+              ("groups trained on (fraction of the batch)", [Line("dynamic_sampling/groups_trained",
+                                                                  "groups with signal, left in the loss")])]),
     Chart("sft.png", "token accuracy and entropy", "Share of next tokens the model predicts right on the training "
           "batch, and the entropy of its predictions.",
           lambda rows, _: [("token accuracy (fraction)", [Line("mean_token_accuracy", "train")]),

@@ -22,8 +22,10 @@ computes advantages and log-probs; rlkit only picks rows and pads them to one wi
   those of its group; with ``batch`` each draw was scaled by its own batch's standard deviation.
 - TRL's own metrics (``reward``, ``frac_reward_zero_std``, ...) keep the first draw's values, an unbiased sample
   of the prompts; rlkit adds ``dynamic_sampling/zero_std_before`` (share of zero-variance groups in the first
-  draw), ``dynamic_sampling/zero_std_after`` (in the batch trained on), ``dynamic_sampling/extra_rounds`` and
-  ``dynamic_sampling/extra_prompts``. The completions TRL logs (``log_completions``) include every draw's.
+  draw), ``dynamic_sampling/zero_std_after`` (in the batch trained on), and with refills
+  ``dynamic_sampling/extra_rounds`` and ``dynamic_sampling/extra_prompts``, without them
+  ``dynamic_sampling/groups_trained`` (the share of the batch's groups the loss saw). The completions TRL logs
+  (``log_completions``) include every draw's.
   Evaluation batches pass through unchanged.
 - One process only (:func:`rlkit.trainers.grpo.check_sampling` refuses several): with more, every rank would
   have to draw the same refills and split the groups between them.
@@ -176,10 +178,11 @@ def trainer_class() -> type:
             picks = choose(masks, need if self.max_rounds else trained_groups(masks[0], self.args.steps_per_generation))
             metrics[PREFIX + "zero_std_before"].append(sum(masks[0]) / need)
             metrics[PREFIX + "zero_std_after"].append(sum(masks[d][g] for d, g in picks) / len(picks))
-            if not self.max_rounds:  # sampling.refill: false
+            if self.max_rounds:
+                metrics[PREFIX + "extra_rounds"].append(len(draws) - 1)
+                metrics[PREFIX + "extra_prompts"].append(drawn)
+            else:  # sampling.refill: false
                 metrics[PREFIX + "groups_trained"].append(len(picks) / need)
-            metrics[PREFIX + "extra_rounds"].append(len(draws) - 1)
-            metrics[PREFIX + "extra_prompts"].append(drawn)
             if picks == [(0, g) for g in range(need)]:  # TRL's batch as it was (all signal, or nothing better)
                 return draws[0]
             return merge(draws, picks, group, self._tokenizer.pad_token_id)
