@@ -102,26 +102,21 @@ def rlkit(*args: str, log: Path) -> None:
 
 
 def table(out: Path, grpo_evals: Path | None = None) -> str:
-    """The per-set table from the suite evals: GRPO's (and the base's) in ``grpo_evals`` (default
-    ``out/eval-grpo``), RFT's in ``out/eval-rft``."""
-    from rlkit.evaluate.results import per_problem
-    from rlkit.evaluate.suite import load_suite
-    from rlkit.stats import paired, show_diff
+    """The per-set table from the suite evals (``rlkit compare``'s pairing): GRPO's (and the base's) in
+    ``grpo_evals`` (default ``out/eval-grpo``), RFT's in ``out/eval-rft``."""
+    from rlkit.evaluate.suite import compare_suites
+    from rlkit.stats import show_diff
 
-    grpo_evals = grpo_evals or out / "eval-grpo"
-    folders = {"base": grpo_evals / "base-smollm2-135m-instruct", "GRPO": grpo_evals / "trained-grpo",
-               "RFT": out / "eval-rft" / "trained-rft"}
-    pairs = [("base", "GRPO"), ("base", "RFT"), ("RFT", "GRPO")]
+    arms = [f"base={grpo_evals or out / 'eval-grpo'}:base", f"GRPO={grpo_evals or out / 'eval-grpo'}",
+            f"RFT={out / 'eval-rft'}"]
+    from_base, from_rft = compare_suites(arms)["rows"], compare_suites([arms[2], arms[1]])["rows"]
     lines = ["| set | base | GRPO | RFT | GRPO - base | RFT - base | GRPO - RFT |", "|---|---|---|---|---|---|---|"]
-    pooled: dict[str, list[float]] = {k: [] for k in folders}
-    for s in load_suite("arith").sets:
-        scores = {k: per_problem(json.loads((f / f"{s.name}.json").read_text())) for k, f in folders.items()}
-        for k, v in scores.items():
-            pooled[k] += v
-        lines.append(f"| {s.name} | " + " | ".join(f"{sum(v) / len(v):.2f}" for v in scores.values()) + " | "
-                     + " | ".join(show_diff(paired(scores[a], scores[b])) for a, b in pairs) + " |")
-    lines.append("| all, pooled | " + " | ".join(f"{sum(v) / len(v):.3f}" for v in pooled.values()) + " | "
-                 + " | ".join(show_diff(paired(pooled[a], pooled[b])) for a, b in pairs) + " |")
+    for i, (row, other) in enumerate(zip(from_base, from_rft, strict=True)):
+        pooled = i == len(from_base) - 1
+        accuracies = [f"{row['accuracy'][k]['accuracy']:.{3 if pooled else 2}f}" for k in ("base", "GRPO", "RFT")]
+        diffs = [row["diff"]["GRPO - base"], row["diff"]["RFT - base"], other["diff"]["GRPO - RFT"]]
+        lines.append(f"| {'all, pooled' if pooled else row['set']} | " + " | ".join(accuracies) + " | "
+                     + " | ".join(show_diff(d) for d in diffs) + " |")
     return "\n".join(lines) + "\n"
 
 

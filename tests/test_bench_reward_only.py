@@ -87,12 +87,18 @@ def test_the_table_pairs_each_arm_on_the_same_problems_with_the_difference_the_r
 
     sets = [s.name for s in load_suite("arith").sets]
     right = {"base-smollm2-135m-instruct": 1, "trained-grpo": 3, "trained-rft": 2}  # of 4 problems, per set
+    rows: dict[str, list] = {"eval-grpo": [], "eval-rft": []}
     for folder, parent in (("base-smollm2-135m-instruct", "eval-grpo"), ("trained-grpo", "eval-grpo"),
                            ("trained-rft", "eval-rft")):
         (tmp_path / parent / folder).mkdir(parents=True)
         for name in sets:
-            examples = [{"correct": i < right[folder]} for i in range(4)]
+            examples = [{"prompt": f"{name} {i}", "gold": str(i), "correct": i < right[folder]} for i in range(4)]
             (tmp_path / parent / folder / f"{name}.json").write_text(json.dumps({"examples": examples}))
+        rows[parent].append({"role": folder.split("-")[0], "model": folder,
+                             "sets": {name: {"results": f"elsewhere/{folder}/{name}.json"} for name in sets}})
+    for parent, suite_rows in rows.items():  # what `rlkit eval --suite` writes beside the per-set results
+        (tmp_path / parent / "suite.json").write_text(json.dumps(
+            {"suite": "arith", "sets": [{"name": name} for name in sets], "rows": suite_rows}))
     lines = reward_only.table(tmp_path).strip().splitlines()
     assert len(lines) == 2 + len(sets) + 1
     box = [c.strip() for c in lines[2].strip("|").split("|")]

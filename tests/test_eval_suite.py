@@ -274,3 +274,75 @@ def test_multihop_suite_searches_its_own_corpus(tmp_path, monkeypatch):
     assert len(rows) == 100 and rows[0]["supporting_ids"] == ["Alû", "Lilu (mythology)"]
     retriever = build_retriever(recipe.retrieval, show_progress=False)
     assert "Lilu (mythology)" in [p.title for p in retriever.search("Lilu demon Gallu", k=5)]
+
+
+def test_compare_pairs_models_already_evaluated_on_one_suite(tmp_path, monkeypatch):
+    """Scripted evals written to disk (no model): on `small` (10 problems) base 2, t 6, u 8 right; on `products`
+    base 5, t 5, u 9. u - base pooled: 7/20 -> 17/20, 10 gained, none lost: exact McNemar p = 2 * 0.5**10."""
+    import shutil
+
+    import rlkit.evaluate
+    from rlkit.evaluate.suite import compare_suites
+    from rlkit.runs import RESOLVED
+
+    right = {("base", 1): 2, ("t", 1): 6, ("u", 1): 8, ("base", 2): 5, ("t", 2): 5, ("u", 2): 9}
+
+    def scripted(source, ref, *, limit, out, overrides, show_progress, served):
+        data = json.loads(overrides[0].removeprefix("data.eval="))
+        n = limit or data["synthetic"]
+        hits = right["base" if ref not in ("t", "u") else ref, data["seed"]]
+        examples = [{"prompt": f"q{data['seed']}-{i}", "gold": str(i), "correct": i < hits} for i in range(n)]
+        results = {"model": ref, "n": n, "accuracy": sum(e["correct"] for e in examples) / n, "examples": examples,
+                   "path": str(out)}
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(results))
+        return results
+
+    monkeypatch.setattr(rlkit.evaluate, "evaluate", scripted)
+    suite = load_suite(_tiny_suite(tmp_path, n=10))
+    recipe = str(recipes_dir() / "tiny_arith_grpo.yaml")
+    for model, folder, limit in (("t", "a", None), ("u", "b", None), ("u", "short", 8)):
+        run_suite(recipe, suite, model=model, no_base=model == "u", limit=limit, out=tmp_path / folder,
+                  show_progress=False)
+    shutil.move(tmp_path / "b", tmp_path / "moved")  # found by where the folder is now, not where it was written
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / RESOLVED).write_text("name: r\n")
+    shutil.copytree(tmp_path / "a", run / "eval" / "suite-tiny")
+
+    summary = compare_suites([f"base={tmp_path / 'a'}:base", f"T={run}", f"U={tmp_path / 'moved'}"])
+    assert [m["role"] for m in summary["models"]] == ["base", "trained", "trained"]
+    small, products, pooled = summary["rows"]
+    assert [r["set"] for r in summary["rows"]] == ["small", "products", "pooled"] and pooled["n"] == 20
+    assert {k: a["accuracy"] for k, a in pooled["accuracy"].items()} == pytest.approx(
+        {"base": 0.35, "T": 0.55, "U": 0.85})
+    assert small["diff"]["T - base"]["diff"] == pytest.approx(0.4) and small["diff"]["T - base"]["p"] == pytest.approx(
+        2 * 0.5 ** 4)
+    assert products["diff"]["T - base"]["p"] == 1.0 and not products["diff"]["T - base"]["significant"]
+    assert pooled["diff"]["U - base"]["p"] == pytest.approx(2 * 0.5 ** 10) and pooled["diff"]["U - base"]["significant"]
+
+    for specs, message in (([str(tmp_path / "a")], "two or more"),
+                           ([str(tmp_path / "a"), str(tmp_path / "a")], "both"),
+                           ([str(tmp_path / "a"), f"{tmp_path / 'moved'}:base"], "has no base row"),
+                           ([str(tmp_path / "a"), str(tmp_path / "short")], "not asked the same problems"),
+                           ([str(tmp_path / "a"), str(tmp_path)], "not an `rlkit eval --suite` folder")):
+        with pytest.raises(UserError, match=message):
+            compare_suites(specs)
+
+    out = tmp_path / "cmp" / "c.json"
+    result = CliRunner().invoke(app, ["compare", f"{tmp_path / 'a'}:base", f"U={tmp_path / 'moved'}", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "U - " in result.output and "pooled" in result.output
+    assert json.loads(out.read_text())["rows"][2]["diff"][f"U - {tmp_path / 'a'}:base"]["diff"] == pytest.approx(0.5)
+    assert "| pooled | 20 |" in out.with_suffix(".md").read_text()
+    assert CliRunner().invoke(app, ["compare", str(tmp_path / "a"), f"U={tmp_path / 'moved'}",
+                                    "--out", str(out)]).exit_code == 0  # its own output: replaced
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"notes": 1}')
+    (tmp_path / "notes.md").write_text("my notes")
+    for target in (mine, tmp_path / "notes.json"):  # a user's file, or one beside the Markdown it would write
+        result = CliRunner().invoke(app, ["compare", str(tmp_path / "a"), f"U={tmp_path / 'moved'}",
+                                          "--out", str(target)])
+        assert isinstance(result.exception, UserError), result.output
+    assert mine.read_text() == '{"notes": 1}' and (tmp_path / "notes.md").read_text() == "my notes"
+    assert not (tmp_path / "notes.json").exists()

@@ -155,6 +155,22 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory from `rlkit
 
 
 @app.command()
+def compare(
+    evals: list[str] = typer.Argument(..., metavar="EVAL...", help="Two or more `rlkit eval --suite` folders (or run directories "
+                                      "holding one), each [NAME=]PATH[:base]: NAME heads its column; :base takes "
+                                      "the folder's base row, not its trained one."),
+    out: Path = typer.Option(None, "--out", help="Also write the comparison as JSON, its table as Markdown beside "
+                             "it."),
+) -> None:
+    """Models already evaluated on the same suite, per set and pooled: each one's accuracy, and each minus the
+    first on the same problems (paired; nothing is evaluated again)."""
+    from rlkit.cli.suite import print_compare
+    from rlkit.evaluate.suite import compare_suites
+
+    print_compare(compare_suites(evals), out)
+
+
+@app.command()
 def merge(
     source: Path = typer.Argument(..., help="A run directory or an adapter directory."),
     out: Path = typer.Option(..., "--out", help="Directory for the merged model (written whole or not at all)."),

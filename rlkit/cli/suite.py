@@ -1,11 +1,13 @@
 """``rlkit eval TARGET --suite FILE|NAME``'s body: evaluate on every set of a suite (:mod:`rlkit.evaluate.suite`)
-and print one table, a row per set, the base and the trained model side by side (also ``suite.md``)."""
+and print one table, a row per set, the base and the trained model side by side (also ``suite.md``); and
+``rlkit compare``'s: models already evaluated on one suite, paired against the first."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlkit.errors import UserError
 from rlkit.stats import show_accuracy, show_degenerate, show_diff
 
 if TYPE_CHECKING:
@@ -63,3 +65,39 @@ def print_suite(summary: dict[str, Any]) -> None:
     markdown = Path(summary["path"]).with_suffix(".md")
     safety.write_text(markdown, table.markdown())
     console.print(f"per-set results and predictions: {markdown.parent}/ (table: {summary['path']}, {markdown.name})")
+
+
+def compare_table(summary: dict[str, Any]) -> Any:
+    """``rlkit compare``'s table: a row per set (then pooled), each model's accuracy [95% interval], then each
+    later model minus the first, paired."""
+    from rlkit.evaluate.show import results_table
+
+    return results_table(
+        f"eval suite {summary['compare']}: greedy accuracy [95% interval], paired differences",
+        [{"set": row["set"], "n": str(row["n"]),
+          **{name: show_accuracy(a["accuracy"], None, a["interval"]) for name, a in row["accuracy"].items()},
+          **{name: show_diff(d) for name, d in row["diff"].items()}} for row in summary["rows"]],
+        caption="difference: on the same problems, its 95% paired-bootstrap interval and p (exact McNemar for "
+                "right/wrong answers); * = significant at 5%")
+
+
+def print_compare(summary: dict[str, Any], out: Path | None) -> None:
+    from rich.console import Console
+
+    from rlkit import safety
+
+    console = Console()
+    table = compare_table(summary)
+    console.print(table)
+    for m in summary["models"]:
+        console.print(f"[dim]{m['name']}: {m['role']} row of {m['summary']} ({m['model']})[/]")
+    if out is None:
+        return
+    markdown, ours = out.with_suffix(".md"), out.exists()
+    safety.check_replaceable_file(out, "--out", ("compare", "models"))
+    if markdown.exists() and not ours:
+        raise UserError(f"--out {out}: {markdown} is already there and rlkit did not write it; choose another --out")
+    safety.make_parent(out, "compare")
+    safety.write_text(out, safety.dumps(summary, indent=2))
+    safety.write_text(markdown, table.markdown())
+    console.print(f"comparison: {out}, {markdown.name}")

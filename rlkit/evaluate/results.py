@@ -61,6 +61,16 @@ def per_problem(results: dict[str, Any]) -> list[float]:
             for r in jsonl.read_records(Path(results["trajectories"]))]
 
 
+def problems(results: dict[str, Any]) -> list[Any]:
+    """What each score in :func:`per_problem` was for, in the same order (a task eval's prompt and gold answer, an
+    agent eval's row id): two evals are paired only where these match."""
+    from rlkit import jsonl
+
+    if "examples" in results:
+        return [[e.get("prompt"), e.get("gold")] for e in results["examples"]]
+    return [r.get("id") for r in jsonl.read_records(Path(results["trajectories"]))]
+
+
 def gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """after - before on the same problems: the difference, its 95% interval, the p-value and whether it is
     significant (:func:`rlkit.stats.paired`: exact McNemar for right/wrong)."""

@@ -182,3 +182,100 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
     safety.write_text(summary_path, safety.dumps(summary, indent=2))
     summary["path"] = str(summary_path)
     return summary
+
+
+ROLES = ("base", "trained")
+
+
+def find_summary(path: Path) -> Path:
+    """The ``suite.json`` meant by a path: the file, its folder, or a run directory holding one suite eval."""
+    if path.is_file():
+        return path
+    if (path / "suite.json").is_file():
+        return path / "suite.json"
+    if runs.is_run_dir(path):
+        found = sorted((path / "eval").glob("suite-*/suite.json"))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise UserError(f"{path}: holds {len(found)} suite evals ({', '.join(str(f.parent) for f in found)}); "
+                            "give the one to compare")
+        raise UserError(f"{path}: no suite eval in {path / 'eval'}; run `rlkit eval {path} --suite NAME` first")
+    raise UserError(f"{path}: not an `rlkit eval --suite` folder (no suite.json) nor a run directory")
+
+
+def suite_scores(spec: str) -> dict[str, Any]:
+    """One model's per-problem scores on every set of a suite eval already written, from ``[NAME=]PATH[:ROLE]``
+    (ROLE: the folder's ``base`` or ``trained`` row; default its trained row, else its only one)."""
+    from rlkit.evaluate.results import per_problem, problems
+
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or "/" in name:
+        name, rest = spec, spec
+    role = next((r for r in ROLES if rest.endswith(f":{r}")), None)
+    path = find_summary(Path(rest.removesuffix(f":{role}") if role else rest))
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{path}: not readable as JSON ({e})") from None
+    if not (isinstance(summary, dict) and {"suite", "sets", "rows"} <= set(summary) and summary["rows"]):
+        raise UserError(f"{path}: not the suite.json of an `rlkit eval --suite`")
+    rows = {r["role"]: r for r in summary["rows"]}
+    role = role or ("trained" if "trained" in rows else next(iter(rows)))
+    if role not in rows:
+        raise UserError(f"{spec}: {path} has no {role} row (it has {', '.join(rows)})")
+    sets: dict[str, tuple[list[Any], list[float]]] = {}
+    pooled = None
+    for s in summary["sets"]:
+        cell = rows[role]["sets"][s["name"]]
+        if "results" not in cell:  # the suite's pooled row: joined again from the sets
+            pooled = s["name"]
+            continue
+        recorded = Path(cell["results"])
+        results_path = path.parent / recorded.parent.name / recorded.name  # found wherever the folder now is
+        try:
+            results = json.loads(results_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UserError(f"{results_path}: set {s['name']}'s results are missing or unreadable ({e}); "
+                            f"evaluate {path.parent} again") from None
+        if "trajectories" in results:  # an agent eval's episodes, beside its results
+            results["trajectories"] = str(results_path.parent / Path(results["trajectories"]).name)
+        sets[s["name"]] = (problems(results), per_problem(results))
+    return {"name": name, "summary": str(path), "suite": summary["suite"], "role": role,
+            "model": rows[role]["model"], "pooled": pooled, "sets": sets}
+
+
+def compare_suites(specs: list[str]) -> dict[str, Any]:
+    """Models already evaluated on the same suite, side by side: per set and pooled, each model's accuracy and
+    95% interval, and each later model minus the first on the same problems (:func:`rlkit.stats.paired`)."""
+    from rlkit.stats import interval, paired
+
+    if len(specs) < 2:
+        raise UserError("give two or more suite evals to compare ([NAME=]PATH[:base])")
+    models = [suite_scores(spec) for spec in specs]
+    names = [m["name"] for m in models]
+    if len(set(names)) < len(names):
+        raise UserError(f"two evals are both {max(names, key=names.count)!r}; name each one NAME=PATH")
+    first = models[0]
+    for m in models[1:]:
+        if (m["suite"], list(m["sets"])) != (first["suite"], list(first["sets"])):
+            raise UserError(f"{m['name']} is suite {m['suite']} with sets {', '.join(m['sets'])}, {first['name']} "
+                            f"suite {first['suite']} with sets {', '.join(first['sets'])}; compare evals of one suite")
+        for s, (asked, _) in m["sets"].items():
+            if asked != first["sets"][s][0]:
+                raise UserError(f"set {s}: {m['name']} and {first['name']} were not asked the same problems "
+                                f"({len(asked)} and {len(first['sets'][s][0])}); evaluate both with the same suite "
+                                "and --limit")
+    groups = [(s, [s]) for s in first["sets"]]
+    if len(groups) > 1:
+        groups.append((first["pooled"] or "pooled", list(first["sets"])))
+    rows = []
+    for label, members in groups:
+        scores = {m["name"]: [x for s in members for x in m["sets"][s][1]] for m in models}
+        rows.append({"set": label, "n": len(scores[first["name"]]),
+                     "accuracy": {k: {"accuracy": sum(v) / len(v), "interval": list(interval(v))}
+                                  for k, v in scores.items()},
+                     "diff": {f"{k} - {first['name']}": paired(scores[first["name"]], v)
+                              for k, v in list(scores.items())[1:]}})
+    return {"compare": first["suite"],
+            "models": [{k: m[k] for k in ("name", "summary", "role", "model")} for m in models], "rows": rows}
