@@ -156,9 +156,9 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory from `rlkit
 
 @app.command()
 def compare(
-    evals: list[str] = typer.Argument(..., metavar="EVAL...", help="Two or more `rlkit eval --suite` folders (or run directories "
-                                      "holding one), each [NAME=]PATH[:base]: NAME heads its column; :base takes "
-                                      "the folder's base row, not its trained one."),
+    evals: list[str] = typer.Argument(..., metavar="EVAL", help="Two or more `rlkit eval --suite` folders (or run "
+                                      "directories holding one), each [NAME=]PATH[:base]: NAME heads its column; "
+                                      ":base takes the folder's base row, not its trained one."),
     out: Path = typer.Option(None, "--out", help="Also write the comparison as JSON, its table as Markdown beside "
                              "it."),
 ) -> None:
