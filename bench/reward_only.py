@@ -14,7 +14,8 @@ two worked turns in the prompt (``data.prompt: short``, the base's few-shot form
   RFT's rows. ``--rft-rounds R``: expert iteration in R rounds within the same minutes, sampling included: each
   round samples its share of the problems (fresh ones from the same generator) from the model so far and continues
   the SFT on every right completion so far. ``--grpo-from DIR`` compares with the GRPO run of an earlier
-  ``--out``.
+  ``--out``. ``--prompt FORM`` gives both arms another prompt form (``mix``: short, short-zero or bare per
+  problem, so replies without worked turns earn rewards too; RFT's rows are prompted as they were sampled).
 - Both evaluated on every set of the ``arith`` suite (``rlkit eval RUN --suite arith``), beside the base.
 
     python bench/reward_only.py --out /tmp/reward-only              # 12 GRPO steps at lr 1.5e-4, seed 0
@@ -51,19 +52,19 @@ POOL = {"synthetic": 2000, "seed": 7, "generator": {"max_value": 50, "ops": "+-*
 PROMPTS_PER_STEP, SAMPLES, TEMPERATURE = 8, 4, 0.8  # the GRPO recipe's 8 prompts x 4 completions at 0.8
 
 
-def grpo_overrides(steps: int, lr: float, seed: int, pool: dict | None = None) -> list[str]:
-    return ["data.prompt=short", f"trainer.learning_rate={lr}", f"trainer.max_steps={steps}", f"trainer.seed={seed}",
-            *([f"data.train={json.dumps(pool)}"] if pool else [])]
+def grpo_overrides(steps: int, lr: float, seed: int, pool: dict | None = None, prompt: str = "short") -> list[str]:
+    return [f"data.prompt={prompt}", f"trainer.learning_rate={lr}", f"trainer.max_steps={steps}",
+            f"trainer.seed={seed}", *([f"data.train={json.dumps(pool)}"] if pool else [])]
 
 
-def sampling_overrides(pool: dict | None = None) -> list[str]:
-    return ["data.prompt=short", f"data.eval={json.dumps(pool or POOL)}"]
+def sampling_overrides(pool: dict | None = None, prompt: str = "short") -> list[str]:
+    return [f"data.prompt={prompt}", f"data.eval={json.dumps(pool or POOL)}"]
 
 
-def rft_overrides(rows: Path, seed: int, adapter: Path | None = None) -> list[str]:
+def rft_overrides(rows: Path, seed: int, adapter: Path | None = None, prompt: str = "short") -> list[str]:
     """``smol_arith_sft`` on the right samples (from ``adapter``, else the base), trained as the demos' equal-time
     control is: lr constant until ``--max-minutes``."""
-    return control_overrides(["data.prompt=short", f"trainer.seed={seed}"], adapter, {"path": str(rows)})
+    return control_overrides([f"data.prompt={prompt}", f"trainer.seed={seed}"], adapter, {"path": str(rows)})
 
 
 def right_rows(samples: list[dict]) -> list[dict[str, str]]:
@@ -126,7 +127,7 @@ def round_pool(pool: dict, k: int) -> dict:
     return pool if k == 1 else {**pool, "seed": pool.get("seed", 0) + k - 1}
 
 
-def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: dict) -> None:
+def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: dict, prompt: str = "short") -> None:
     """RFT in ``rounds`` rounds within ``minutes`` (sampling included; the greedy pass ``rlkit eval --samples`` also
     makes is not): each round samples its share of the problems from the model so far (the base, then the last
     round's adapter), adds the distinct right completions to the rows and trains the last adapter on all the rows so
@@ -138,7 +139,8 @@ def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: 
     for k in range(1, rounds + 1):
         name = "rft" if k == rounds else f"rft-round{k}"
         before = [] if k == 1 else ["--model", str(out / f"rft-round{k - 1}")]
-        rlkit("eval", GRPO, *before, *[a for o in sampling_overrides(round_pool(pool, k)) for a in ("--set", o)],
+        sets = [a for o in sampling_overrides(round_pool(pool, k), prompt) for a in ("--set", o)]
+        rlkit("eval", GRPO, *before, *sets,
               "--limit", str(n), "--samples", str(SAMPLES), "--temperature", str(TEMPERATURE),
               "--out", str(out / f"samples-{k}.json"), log=out / f"samples-{k}.log")
         sampled = json.loads((out / f"samples-{k}.json").read_text())["samples"]
@@ -151,7 +153,8 @@ def rft(out: Path, summary: dict, minutes: float, rounds: int, seed: int, pool: 
             raise SystemExit(f"round {k}'s sampling took {sampled['seconds']:.0f} s, leaving its SFT no minutes of "
                              f"GRPO's {minutes * 60:.0f} s: give GRPO more --steps or RFT fewer --rft-rounds")
         adapter = None if k == 1 else out / f"rft-round{k - 1}"
-        rlkit("train", SFT, *[a for o in rft_overrides(out / f"rft-{k}.jsonl", seed, adapter) for a in ("--set", o)],
+        sets = [a for o in rft_overrides(out / f"rft-{k}.jsonl", seed, adapter, prompt) for a in ("--set", o)]
+        rlkit("train", SFT, *sets,
               "--max-minutes", f"{share:.3f}", "--output-dir", str(out / name), "--overwrite", "--no-doctor",
               log=out / f"{name}.log")
         steps = next(r["step"] for r in reversed(read_metrics(out / name)) if "train_runtime" in r)
@@ -174,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=json.loads, default=None,
                         help='both arms\' problems, a data source as JSON (default: the GRPO recipe\'s own), e.g. '
                              '\'{"synthetic": 2000, "seed": 7, "generator": {"min_value": 10, "max_value": 99}}\'')
+    parser.add_argument("--prompt", default=None,
+                        help="both arms' prompt form, data.prompt (default short: the demo's system line and two "
+                             "worked turns; mix: short, short-zero or bare per problem)")
     parser.add_argument("--rft-rounds", type=int, default=1, choices=range(1, 9), metavar="{1..8}",
                         help="RFT in this many rounds, each sampling from the last round's model (default 1)")
     parser.add_argument("--grpo-from", type=Path, default=None,
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--grpo-from {args.grpo_from}: no summary.json there; give the --out of a finished bench run")
     if earlier == out:
         parser.error("--grpo-from is the --out folder; give a new --out")
-    given = [f"--{k}" for k in ("steps", "lr", "seed", "pool") if getattr(args, k) is not None]
+    given = [f"--{k}" for k in ("steps", "lr", "seed", "pool", "prompt") if getattr(args, k) is not None]
     if earlier is not None and given:
         parser.error(f"--grpo-from takes GRPO's steps, lr, seed and pool from that run; drop {', '.join(given)}")
     then: dict = {}
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             then = json.loads((earlier / "summary.json").read_text())
             then.setdefault("pool", POOL)  # a run from before summary.json named its pool trained on the default
-            then = {**{k: then[k] for k in ("steps", "lr", "seed", "pool", "grpo_minutes", "grpo_wall_s")},
+            then.setdefault("prompt", "short")  # ... and before --prompt, on the demo's prompt form
+            then = {**{k: then[k] for k in ("steps", "lr", "seed", "pool", "prompt", "grpo_minutes", "grpo_wall_s")},
                     "machine": then.get("machine")}
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             parser.error(f"--grpo-from {args.grpo_from}: its summary.json is not a finished bench run's ({e!r})")
@@ -202,10 +209,12 @@ def main(argv: list[str] | None = None) -> int:
                        0 if args.seed is None else args.seed)
     out.mkdir(parents=True, exist_ok=True)
     started_on = machine()  # the commit and machine, as the run starts
-    summary: dict = {"steps": steps, "lr": lr, "seed": seed, "pool": args.pool or POOL}
+    summary: dict = {"steps": steps, "lr": lr, "seed": seed, "pool": args.pool or POOL,
+                     "prompt": args.prompt or "short"}
     if earlier is None:
         started = time.time()
-        rlkit("train", GRPO, *[a for o in grpo_overrides(steps, lr, seed, args.pool) for a in ("--set", o)],
+        sets = [a for o in grpo_overrides(steps, lr, seed, args.pool, summary["prompt"]) for a in ("--set", o)]
+        rlkit("train", GRPO, *sets,
               "--output-dir", str(out / "grpo"), "--overwrite", "--no-doctor", log=out / "grpo.log")
         summary["grpo_minutes"] = train_minutes(out / "grpo")
         summary["grpo_wall_s"] = round(time.time() - started, 1)
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{summary['grpo_minutes']:.2f} min", flush=True)
 
     summary["machine_sets"] = list(machine_sets())  # this run's; GRPO's from --grpo-from ran with that run's
-    rft(out, summary, summary["grpo_minutes"], args.rft_rounds, summary["seed"], summary["pool"])
+    rft(out, summary, summary["grpo_minutes"], args.rft_rounds, summary["seed"], summary["pool"], summary["prompt"])
     grpo_evals = out / "eval-grpo"
     if earlier is None:
         rlkit("eval", str(out / "grpo"), "--suite", "arith", "--out", str(grpo_evals), log=out / "eval-grpo.log")

@@ -67,6 +67,25 @@ def test_rft_rows_are_each_problem_s_distinct_right_samples_prompted_as_sampled(
     assert sft[0]["prompt"] == prompt and sft[1]["completion"] == [{"role": "assistant", "content": rows[1]["answer"]}]
 
 
+def test_prompt_reaches_both_arms_and_rft_trains_each_row_in_the_form_it_was_sampled_in():
+    """--prompt mix: GRPO, RFT's sampling and RFT's SFT all on `mix`, and a right sample's SFT row is asked the way
+    the model was asked when it sampled it (the form a stable hash of the question picks)."""
+    from datasets import Dataset
+
+    from rlkit.data import load_rows, task_rows
+    from rlkit.recipe import load_recipe
+
+    grpo = load_recipe(ROOT / reward_only.GRPO, reward_only.grpo_overrides(12, 1.5e-4, 1, None, "mix"))
+    sampled = load_recipe(ROOT / reward_only.GRPO, reward_only.sampling_overrides(None, "mix"))
+    rft = load_recipe(ROOT / reward_only.SFT, reward_only.rft_overrides(Path("/x/rft.jsonl"), 0, None, "mix"))
+    assert grpo.data.prompt == sampled.data.prompt == rft.data.prompt == "mix"
+    problems = load_rows(sampled.data.task, sampled.data.eval).select(range(40))
+    asked = [r["prompt"] for r in task_rows(sampled, "eval", problems)]
+    rows = Dataset.from_list([{"question": q, "answer": "2 + 2 = 4\n#### 4"} for q in problems["question"]])
+    assert [r["prompt"] for r in task_rows(rft, "sft", rows)] == asked
+    assert {len(messages) for messages in asked} == {6, 2, 1}  # worked turns, the system line alone, the question
+
+
 def test_a_bad_pool_ends_the_bench_with_rlkit_s_one_line_error_and_its_exit_code(tmp_path, capsys):
     import pytest
 
@@ -133,7 +152,8 @@ def test_grpo_from_a_folder_without_a_finished_run_is_a_one_line_error(tmp_path,
     assert "--grpo-from" in capsys.readouterr().err and not (tmp_path / "run").exists()
     # A summary that is not a finished run's, or flags the earlier run already fixed: one line, nothing written.
     (tmp_path / "summary.json").write_text('{"steps": 36, "lr": 0.00015, "seed": 1}')
-    for extra, said in (([], "not a finished bench run's"), (["--seed", "2"], "drop --seed")):
+    for extra, said in (([], "not a finished bench run's"), (["--seed", "2"], "drop --seed"),
+                        (["--prompt", "mix"], "drop --prompt")):
         with pytest.raises(SystemExit) as stopped:
             reward_only.main(["--out", str(tmp_path / "run"), "--grpo-from", str(tmp_path), *extra])
         err = capsys.readouterr().err.strip().splitlines()
