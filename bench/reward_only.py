@@ -108,8 +108,8 @@ def table(out: Path, grpo_evals: Path | None = None) -> str:
     from rlkit.evaluate.suite import compare_suites
     from rlkit.stats import show_diff
 
-    arms = [f"base={grpo_evals or out / 'eval-grpo'}:base", f"GRPO={grpo_evals or out / 'eval-grpo'}",
-            f"RFT={out / 'eval-rft'}"]
+    grpo_evals = grpo_evals or out / "eval-grpo"
+    arms = [f"base={grpo_evals}:base", f"GRPO={grpo_evals}", f"RFT={out / 'eval-rft'}"]
     from_base, from_rft = compare_suites(arms)["rows"], compare_suites([arms[2], arms[1]])["rows"]
     lines = ["| set | base | GRPO | RFT | GRPO - base | RFT - base | GRPO - RFT |", "|---|---|---|---|---|---|---|"]
     for i, (row, other) in enumerate(zip(from_base, from_rft, strict=True)):

@@ -285,7 +285,7 @@ def test_compare_pairs_models_already_evaluated_on_one_suite(tmp_path, monkeypat
     from rlkit.evaluate.suite import compare_suites
     from rlkit.runs import RESOLVED
 
-    right = {("base", 1): 2, ("t", 1): 6, ("u", 1): 8, ("base", 2): 5, ("t", 2): 5, ("u", 2): 9}
+    right = {("base", 1): 2, ("t", 1): 6, ("u", 1): 8, ("base", 2): 5, ("t", 2): 5, ("u", 2): 9, ("u", 3): 8}
 
     def scripted(source, ref, *, limit, out, overrides, show_progress, served):
         data = json.loads(overrides[0].removeprefix("data.eval="))
@@ -304,13 +304,17 @@ def test_compare_pairs_models_already_evaluated_on_one_suite(tmp_path, monkeypat
     for model, folder, limit in (("t", "a", None), ("u", "b", None), ("u", "short", 8)):
         run_suite(recipe, suite, model=model, no_base=model == "u", limit=limit, out=tmp_path / folder,
                   show_progress=False)
+    suite.sets[0].eval["seed"] = 3  # the same number of problems, other ones
+    run_suite(recipe, suite, model="u", no_base=True, out=tmp_path / "other", show_progress=False)
+    suite.sets[0].eval["seed"], suite.pooled = 1, "both sets"  # a suite with its own pooled row
+    run_suite(recipe, suite, model="u", no_base=True, out=tmp_path / "with-pooled", show_progress=False)
     shutil.move(tmp_path / "b", tmp_path / "moved")  # found by where the folder is now, not where it was written
     run = tmp_path / "run"
     (run / "eval").mkdir(parents=True)
     (run / RESOLVED).write_text("name: r\n")
     shutil.copytree(tmp_path / "a", run / "eval" / "suite-tiny")
 
-    summary = compare_suites([f"base={tmp_path / 'a'}:base", f"T={run}", f"U={tmp_path / 'moved'}"])
+    summary = compare_suites([f"base={tmp_path / 'a'}:base", f"T={run}:trained", f"U={tmp_path / 'moved'}"])
     assert [m["role"] for m in summary["models"]] == ["base", "trained", "trained"]
     small, products, pooled = summary["rows"]
     assert [r["set"] for r in summary["rows"]] == ["small", "products", "pooled"] and pooled["n"] == 20
@@ -324,15 +328,20 @@ def test_compare_pairs_models_already_evaluated_on_one_suite(tmp_path, monkeypat
     for specs, message in (([str(tmp_path / "a")], "two or more"),
                            ([str(tmp_path / "a"), str(tmp_path / "a")], "both"),
                            ([str(tmp_path / "a"), f"{tmp_path / 'moved'}:base"], "has no base row"),
-                           ([str(tmp_path / "a"), str(tmp_path / "short")], "not asked the same problems"),
-                           ([str(tmp_path / "a"), str(tmp_path)], "not an `rlkit eval --suite` folder")):
+                           ([str(tmp_path / "a"), str(tmp_path / "short")], r"same problems \(8 against 10"),
+                           ([str(tmp_path / "a"), str(tmp_path / "other")], r"same problems \(problem 1 differs"),
+                           ([str(tmp_path / "a"), str(tmp_path)], "not an `rlkit eval --suite` folder"),
+                           ([str(tmp_path / "a"), str(tmp_path / "none")], "no such file or folder")):
         with pytest.raises(UserError, match=message):
             compare_suites(specs)
+
+    joined = compare_suites([f"U={tmp_path / 'moved'}", f"P={tmp_path / 'with-pooled'}"])["rows"][-1]
+    assert joined["set"] == "both sets" and joined["diff"]["P - U"]["diff"] == 0.0 and joined["n"] == 20
 
     out = tmp_path / "cmp" / "c.json"
     result = CliRunner().invoke(app, ["compare", f"{tmp_path / 'a'}:base", f"U={tmp_path / 'moved'}", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "U - " in result.output and "pooled" in result.output
+    assert re.search(r"U - \S+:base\s+\+0\.500 \[\+0\.\d{3}, \+0\.\d{3}\] p=0\.002 \*", result.output)
     assert json.loads(out.read_text())["rows"][2]["diff"][f"U - {tmp_path / 'a'}:base"]["diff"] == pytest.approx(0.5)
     assert "| pooled | 20 |" in out.with_suffix(".md").read_text()
     assert CliRunner().invoke(app, ["compare", str(tmp_path / "a"), f"U={tmp_path / 'moved'}",
@@ -340,9 +349,14 @@ def test_compare_pairs_models_already_evaluated_on_one_suite(tmp_path, monkeypat
     mine = tmp_path / "mine.json"
     mine.write_text('{"notes": 1}')
     (tmp_path / "notes.md").write_text("my notes")
-    for target in (mine, tmp_path / "notes.json"):  # a user's file, or one beside the Markdown it would write
+    (tmp_path / "empty.json").touch()
+    (tmp_path / "empty.md").write_text("mine too")
+    # a user's file; one beside the Markdown it would write (new, or empty); a Markdown --out, which the table would
+    # overwrite
+    for target in (mine, tmp_path / "notes.json", tmp_path / "empty.json", tmp_path / "c.md"):
         result = CliRunner().invoke(app, ["compare", str(tmp_path / "a"), f"U={tmp_path / 'moved'}",
                                           "--out", str(target)])
         assert isinstance(result.exception, UserError), result.output
     assert mine.read_text() == '{"notes": 1}' and (tmp_path / "notes.md").read_text() == "my notes"
-    assert not (tmp_path / "notes.json").exists()
+    assert not (tmp_path / "notes.json").exists() and (tmp_path / "empty.md").read_text() == "mine too"
+    assert not (tmp_path / "c.md").exists()

@@ -157,10 +157,11 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory from `rlkit
 @app.command()
 def compare(
     evals: list[str] = typer.Argument(..., metavar="EVAL", help="Two or more `rlkit eval --suite` folders (or run "
-                                      "directories holding one), each [NAME=]PATH[:base]: NAME heads its column; "
-                                      ":base takes the folder's base row, not its trained one."),
-    out: Path = typer.Option(None, "--out", help="Also write the comparison as JSON, its table as Markdown beside "
-                             "it."),
+                                      "directories holding one), each [NAME=]PATH[:base|:trained]: NAME heads its "
+                                      "column; :base takes the folder's base row (default: its trained row, else its "
+                                      "only one)."),
+    out: Path = typer.Option(None, "--out", help="Also write the comparison to this .json file, its table as "
+                             "Markdown beside it (.md)."),
 ) -> None:
     """Models already evaluated on the same suite, per set and pooled: each one's accuracy, and each minus the
     first on the same problems (paired; nothing is evaluated again)."""

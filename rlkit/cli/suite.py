@@ -73,7 +73,7 @@ def compare_table(summary: dict[str, Any]) -> Any:
     from rlkit.evaluate.show import results_table
 
     return results_table(
-        f"eval suite {summary['compare']}: greedy accuracy [95% interval], paired differences",
+        f"eval suite {summary['suite']}: greedy accuracy [95% interval], paired differences",
         [{"set": row["set"], "n": str(row["n"]),
           **{name: show_accuracy(a["accuracy"], None, a["interval"]) for name, a in row["accuracy"].items()},
           **{name: show_diff(d) for name, d in row["diff"].items()}} for row in summary["rows"]],
@@ -82,10 +82,13 @@ def compare_table(summary: dict[str, Any]) -> Any:
 
 
 def print_compare(summary: dict[str, Any], out: Path | None) -> None:
+    """The table; with ``out``, the comparison as JSON there and the table as Markdown beside it (``.md``)."""
     from rich.console import Console
 
     from rlkit import safety
 
+    if out is not None and out.suffix != ".json":
+        raise UserError(f"--out {out}: give a .json file (the table goes beside it as .md)")
     console = Console()
     table = compare_table(summary)
     console.print(table)
@@ -93,9 +96,9 @@ def print_compare(summary: dict[str, Any], out: Path | None) -> None:
         console.print(f"[dim]{m['name']}: {m['role']} row of {m['summary']} ({m['model']})[/]")
     if out is None:
         return
-    markdown, ours = out.with_suffix(".md"), out.exists()
-    safety.check_replaceable_file(out, "--out", ("compare", "models"))
-    if markdown.exists() and not ours:
+    markdown = out.with_suffix(".md")
+    safety.check_replaceable_file(out, "--out", ("suite", "models"))
+    if markdown.exists() and not (out.is_file() and out.stat().st_size):  # beside a comparison rlkit wrote, or not
         raise UserError(f"--out {out}: {markdown} is already there and rlkit did not write it; choose another --out")
     safety.make_parent(out, "compare")
     safety.write_text(out, safety.dumps(summary, indent=2))

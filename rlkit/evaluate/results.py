@@ -63,12 +63,13 @@ def per_problem(results: dict[str, Any]) -> list[float]:
 
 def problems(results: dict[str, Any]) -> list[Any]:
     """What each score in :func:`per_problem` was for, in the same order (a task eval's prompt and gold answer, an
-    agent eval's row id): two evals are paired only where these match."""
+    agent episode's row id and question): two evals are paired only where these match."""
     from rlkit import jsonl
 
     if "examples" in results:
         return [[e.get("prompt"), e.get("gold")] for e in results["examples"]]
-    return [r.get("id") for r in jsonl.read_records(Path(results["trajectories"]))]
+    return [[r.get("id"), next((m.get("content") for m in r.get("messages") or [] if m.get("role") == "user"), None)]
+            for r in jsonl.read_records(Path(results["trajectories"]))]
 
 
 def gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -189,6 +189,8 @@ ROLES = ("base", "trained")
 
 def find_summary(path: Path) -> Path:
     """The ``suite.json`` meant by a path: the file, its folder, or a run directory holding one suite eval."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file or folder; give an `rlkit eval --suite` folder or a run directory")
     if path.is_file():
         return path
     if (path / "suite.json").is_file():
@@ -210,9 +212,9 @@ def suite_scores(spec: str) -> dict[str, Any]:
     from rlkit.evaluate.results import per_problem, problems
 
     name, sep, rest = spec.partition("=")
-    if not sep or not name or "/" in name:
+    if not sep or not name or Path(spec).exists():  # a path with "=" in it is a path
         name, rest = spec, spec
-    role = next((r for r in ROLES if rest.endswith(f":{r}")), None)
+    role = None if Path(rest).exists() else next((r for r in ROLES if rest.endswith(f":{r}")), None)
     path = find_summary(Path(rest.removesuffix(f":{role}") if role else rest))
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
@@ -223,7 +225,8 @@ def suite_scores(spec: str) -> dict[str, Any]:
     rows = {r["role"]: r for r in summary["rows"]}
     role = role or ("trained" if "trained" in rows else next(iter(rows)))
     if role not in rows:
-        raise UserError(f"{spec}: {path} has no {role} row (it has {', '.join(rows)})")
+        raise UserError(f"{spec}: {path} has no {role} row (it has {', '.join(rows)}); drop :{role} or take "
+                        f":{next(iter(rows))}")
     sets: dict[str, tuple[list[Any], list[float]]] = {}
     pooled = None
     for s in summary["sets"]:
@@ -241,6 +244,8 @@ def suite_scores(spec: str) -> dict[str, Any]:
         if "trajectories" in results:  # an agent eval's episodes, beside its results
             results["trajectories"] = str(results_path.parent / Path(results["trajectories"]).name)
         sets[s["name"]] = (problems(results), per_problem(results))
+        if not sets[s["name"]][1]:
+            raise UserError(f"{results_path}: set {s['name']} has no problems; evaluate {path.parent} again")
     return {"name": name, "summary": str(path), "suite": summary["suite"], "role": role,
             "model": rows[role]["model"], "pooled": pooled, "sets": sets}
 
@@ -262,13 +267,15 @@ def compare_suites(specs: list[str]) -> dict[str, Any]:
             raise UserError(f"{m['name']} is suite {m['suite']} with sets {', '.join(m['sets'])}, {first['name']} "
                             f"suite {first['suite']} with sets {', '.join(first['sets'])}; compare evals of one suite")
         for s, (asked, _) in m["sets"].items():
-            if asked != first["sets"][s][0]:
+            theirs = first["sets"][s][0]
+            if asked != theirs:
+                differs = [i for i, (a, b) in enumerate(zip(asked, theirs, strict=False)) if a != b]
+                where = f"problem {differs[0] + 1} differs" if differs else f"{len(asked)} against {len(theirs)}"
                 raise UserError(f"set {s}: {m['name']} and {first['name']} were not asked the same problems "
-                                f"({len(asked)} and {len(first['sets'][s][0])}); evaluate both with the same suite "
-                                "and --limit")
+                                f"({where}); evaluate both with the same suite and --limit")
     groups = [(s, [s]) for s in first["sets"]]
     if len(groups) > 1:
-        groups.append((first["pooled"] or "pooled", list(first["sets"])))
+        groups.append((next((m["pooled"] for m in models if m["pooled"]), "pooled"), list(first["sets"])))
     rows = []
     for label, members in groups:
         scores = {m["name"]: [x for s in members for x in m["sets"][s][1]] for m in models}
@@ -277,5 +284,5 @@ def compare_suites(specs: list[str]) -> dict[str, Any]:
                                   for k, v in scores.items()},
                      "diff": {f"{k} - {first['name']}": paired(scores[first["name"]], v)
                               for k, v in list(scores.items())[1:]}})
-    return {"compare": first["suite"],
+    return {"suite": first["suite"],
             "models": [{k: m[k] for k in ("name", "summary", "role", "model")} for m in models], "rows": rows}
