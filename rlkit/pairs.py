@@ -86,7 +86,7 @@ def build_pairs(
             totals: list[float] = []
             tied = 0
 
-            def write_batch(first: int, texts: list[str]) -> None:  # first: the batch's first prompt
+            def write_batch(first: int, texts: list[str], _cut: list[bool]) -> None:  # first: the batch's first prompt
                 nonlocal tied
                 batch = rows.select(range(first, first + len(texts) // spec.samples))
                 pairs, scores, ties = _pairs(batch, texts, spec.samples, spec.min_gap, rewards)

@@ -108,7 +108,7 @@ class ScriptedServer:
         completion_tokens = max(1, len(json.dumps(message)) // 4)
         return {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
                 "model": request["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else script.get("finish_reason", "stop")}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens}}
 

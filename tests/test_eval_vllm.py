@@ -56,6 +56,7 @@ class FakeLLM:
 
     made: list = []
     reply: list[int] = []
+    finish_reason = "stop"
 
     def __init__(self, **kwargs):
         FakeLLM.made.append(kwargs)
@@ -64,7 +65,8 @@ class FakeLLM:
 
     def generate(self, prompts, params, *, lora_request=None, use_tqdm=True):
         self.calls.append((prompts, params, lora_request))
-        return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=list(FakeLLM.reply))]) for _ in prompts]
+        reply = types.SimpleNamespace(token_ids=list(FakeLLM.reply), finish_reason=FakeLLM.finish_reason)
+        return [types.SimpleNamespace(outputs=[reply]) for _ in prompts]
 
 
 @pytest.fixture
@@ -105,6 +107,7 @@ def test_the_vllm_backend_gets_the_prompt_tokens_the_hf_backend_generates_from(f
     assert results["model"] == f"{run_dir}/adapter@vllm" and results["n"] == 3
     assert [e["completion"] for e in results["examples"]] == ["3 + 4 = 7\n#### 7"] * 3
     assert [e["prediction"] for e in results["examples"]] == ["7"] * 3
+    assert results["cut"] == 0  # vLLM said each reply stopped
     (made,) = FakeLLM.made
     kwargs, _, _ = vllm_setup(recipe, run_dir, None)
     assert made["model"] == kwargs["model_path"] and Path(made["model"]).is_dir()

@@ -14,7 +14,8 @@ def test_batches_written_as_they_end_line_up_with_their_prompts():
     prompts = [[{"role": "user", "content": " ".join(["seven"] * n) + f" {i}"}] for i, n in enumerate(words)]
     streamed: dict[int, str] = {}
 
-    def on_batch(first, completions):
+    def on_batch(first, completions, cut):
+        assert cut == [True] * len(completions)  # the tiny model never stops within 6 tokens
         for j, c in enumerate(completions):
             streamed[first + j] = c
 
@@ -35,6 +36,24 @@ def _tiny():
 
     path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def test_cut_marks_exactly_the_replies_the_token_limit_ended():
+    """A reply is cut when it reaches max_new_tokens without a stop token; one that stops, even on its last allowed
+    token, is not. The stop token is chosen from what the tiny model says, so the test knows where it stops."""
+    from rlkit.inference import generate as gen
+
+    model, tok = _tiny()
+    prompts = [[20, 21, 22], [300, 31], [40, 41, 42, 43]]
+    free = gen.generate_ids(model, tok, prompts, max_new_tokens=5, batch_size=3)
+    assert [g.cut for g in free] == [True] * 3  # nothing stopped them
+    stop = free[0].ids[1]  # the first reply's second token ends it from now on
+    assert all(stop not in g.ids for g in free[1:]) and stop not in free[0].ids[:1]
+    model.generation_config.eos_token_id = stop
+    for limit in (5, 2):
+        out = gen.generate_ids(model, tok, prompts, max_new_tokens=limit, batch_size=3)
+        assert out[0].ids[:2] == free[0].ids[:2] and [g.cut for g in out] == [False, True, True]
+        assert [g.ids[:limit] for g in out[1:]] == [g.ids[:limit] for g in free[1:]]
 
 
 def test_a_shared_prefix_runs_once_and_changes_no_token(smollm2_dir, monkeypatch):

@@ -28,12 +28,13 @@ def _golds():
 
 
 def _half_right(golds):
-    """A server that answers the even-numbered problems of each set right and the odd ones one too high."""
+    """A server that answers the even-numbered problems of each set right and the odd ones one too high, those
+    cut by its token limit."""
     where = {q: (i, g) for rows in golds.values() for i, (q, g) in enumerate(rows)}
 
     def reply(request):
         i, g = where[request["messages"][-1]["content"]]
-        return {"content": f"#### {int(g) + i % 2}"}
+        return {"content": f"#### {int(g) + i % 2}", "finish_reason": "length" if i % 2 else "stop"}
 
     return reply
 
@@ -52,8 +53,9 @@ def test_a_suite_scores_an_endpoint_model_with_the_training_prompt(tmp_path, cap
     assert {name: (c["correct"], c["n"]) for name, c in row["sets"].items()} == {"sums": (4, 7), "products": (3, 6)}
     for name, rows in golds.items():
         res = json.loads(Path(row["sets"][name]["results"]).read_text())
-        assert [(e["gold"], e["prediction"], e["correct"]) for e in res["examples"]] == [
-            (g, str(int(g) + i % 2), i % 2 == 0) for i, (_, g) in enumerate(rows)]
+        assert [(e["gold"], e["prediction"], e["correct"], e["cut"]) for e in res["examples"]] == [
+            (g, str(int(g) + i % 2), i % 2 == 0, i % 2 == 1) for i, (_, g) in enumerate(rows)]
+        assert res["cut"] == row["sets"][name]["cut"] == (len(rows) // 2) / len(rows)  # the server's "length"
     # the training prompt (system line, worked turns, question), greedy, the recipe's token budget
     asked = {r["messages"][-1]["content"]: r for r in server.requests}
     assert len(server.requests) == 13 == len(asked)
@@ -62,6 +64,7 @@ def test_a_suite_scores_an_endpoint_model_with_the_training_prompt(tmp_path, cap
         assert request["messages"] == gsm8k.chat_prompt(question, "short")
         assert request["temperature"] == 0.0 and request["max_completion_tokens"] == 20
     assert "org/served-7b" in captured.out
+    assert "| cut by token limit |" in (tmp_path / "o" / "suite.md").read_text()  # a column of the suite's table
 
 
 def test_a_failing_server_stops_the_eval_in_one_line_and_resume_continues(tmp_path, capsys):

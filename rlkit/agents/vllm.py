@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rlkit.agents.episodes import Turn
 from rlkit.agents.turns import (
@@ -18,6 +18,9 @@ from rlkit.agents.turns import (
     training_template,
 )
 from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.inference.generate import OnBatch
 
 
 def require_vllm(flag: str = "--backend vllm") -> None:
@@ -61,8 +64,7 @@ class VLLMCompleter:
         self.kwargs, self.max_new_tokens = chat_template_kwargs, max_new_tokens
 
     def complete(self, prompts: list[Any], *, batch_size: int = 64, show_progress: bool = True,
-                 description: str = "generating", on_batch: Callable[[int, list[str]], None] | None = None,
-                 ) -> list[str]:
+                 description: str = "generating", on_batch: OnBatch | None = None) -> list[str]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -79,7 +81,7 @@ class VLLMCompleter:
                 texts = [self.tokenizer.decode(list(o.outputs[0].token_ids), skip_special_tokens=True)
                          for o in outputs]
                 if on_batch is not None:
-                    on_batch(first, texts)
+                    on_batch(first, texts, [o.outputs[0].finish_reason == "length" for o in outputs])
                 replies += texts
                 advance(len(chunk))
         return replies

@@ -45,10 +45,21 @@ def suite_table(summary: dict[str, Any]) -> Any:
         [{"set": s["name"],
           **{f"{row['role']}: {row['model']}": cell(row["sets"][s["name"]]) for row in summary["rows"]},
           **({"gain": show_diff(gains[s["name"]])} if gains else {}),
-          **({"degenerate": " -> ".join(show_degenerate(row["sets"][s["name"]]) for row in summary["rows"])}
-             if any("degenerate" in row["sets"][s["name"]] for row in summary["rows"]) else {})}
+          **_beside(summary, s["name"], "degenerate", "degenerate", show_degenerate),
+          **_beside(summary, s["name"], "cut", "cut by token limit", _cut)}
          for s in summary["sets"]],
         caption=GAIN_CAPTION if gains else None)
+
+
+def _beside(summary: dict[str, Any], name: str, key: str, column: str, show: Any) -> dict[str, str]:
+    """``{column: "base -> trained"}``: a share set ``name``'s cells carry, shown for each model; nothing when no
+    cell has it (results written before rlkit recorded it)."""
+    cells = [row["sets"][name] for row in summary["rows"]]
+    return {column: " -> ".join(show(c) for c in cells)} if any(key in c for c in cells) else {}
+
+
+def _cut(entry: dict[str, Any]) -> str:
+    return f"{entry['cut']:.2f}" if "cut" in entry else "-"
 
 
 def print_suite(summary: dict[str, Any]) -> None:

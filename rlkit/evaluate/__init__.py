@@ -123,12 +123,12 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
         # Examples are written in row order as each batch finishes: a killed eval resumes after the last one.
         todo = rows.select(range(len(sink.done), len(rows)))
 
-        def write_batch(first: int, completions: list[str]) -> None:
+        def write_batch(first: int, completions: list[str], cut: list[bool]) -> None:
             batch = todo.select(range(first, first + len(completions)))
-            for row, c, s in zip(batch, completions, task.score(completions, batch), strict=True):
+            for row, c, s, x in zip(batch, completions, task.score(completions, batch), cut, strict=True):
                 prediction = extract_answer(c)
                 sink.write({"prompt": row["prompt"][-1]["content"], "gold": row["answer"], "prediction": prediction,
-                            "completion": c, "correct": bool(s), "degenerate": degenerate(c, prediction)})
+                            "completion": c, "correct": bool(s), "degenerate": degenerate(c, prediction), "cut": x})
 
         started = time.time()
         subject.complete(list(todo["prompt"]), batch_size=recipe.eval.batch_size, show_progress=show_progress,
@@ -139,7 +139,7 @@ def evaluate_task(recipe: Recipe, run_dir: Path | None, model: str | None, *, li
         results = {
             "recipe": recipe.name, "model": label, "task": recipe.data.task, "n": len(examples),
             "accuracy": correct / len(examples), "interval": list(wilson(correct, len(examples))),
-            **degenerate_share(examples), "seconds": round(elapsed, 2), "examples": examples,
+            **degenerate_share(examples), **cut_share(examples), "seconds": round(elapsed, 2), "examples": examples,
         }
         if samples:
             lm, tokenizer = subject.local
@@ -163,3 +163,9 @@ def degenerate_share(examples: list[dict[str, Any]]) -> dict[str, Any]:
     return {"degenerate": sum(kinds.values()) / len(examples), "degenerate_kinds": dict(sorted(kinds.items()))}
 
 
+def cut_share(examples: list[dict[str, Any]]) -> dict[str, Any]:
+    """``cut``: the share of replies the token limit ended (``eval.max_new_tokens`` reached without a stop token);
+    none when an example was written before rlkit recorded it (a resumed eval): its reply is not read again."""
+    if not examples or any("cut" not in e for e in examples):
+        return {}
+    return {"cut": sum(bool(e["cut"]) for e in examples) / len(examples)}

@@ -52,7 +52,7 @@ def sample_task(recipe: Recipe, lm: Any, tokenizer: Any, task: Any, rows: Any, p
     with journal(path, ".samples.jsonl", resume, SAMPLE_KEYS) as sink:
         todo = rows.select(range(len(sink.done), len(rows)))
 
-        def write_batch(first: int, completions: list[str]) -> None:
+        def write_batch(first: int, completions: list[str], _cut: list[bool]) -> None:
             n = len(completions) // k
             batch = todo.select([first + i for i in range(n) for _ in range(k)])
             scores = task.score(completions, batch)

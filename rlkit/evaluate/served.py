@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rlkit.errors import UserError
 
 if TYPE_CHECKING:
+    from rlkit.inference.generate import OnBatch
     from rlkit.recipe import Recipe
 
 Complete = Callable[..., list[str]]
@@ -54,7 +55,8 @@ def endpoint_of(recipe: Recipe, run_dir: Path | None, model: str | None) -> str 
 @dataclass
 class Completer:
     """``complete(prompts, batch_size=, show_progress=, description=, on_batch=)``: greedy replies, prompt by
-    prompt; ``on_batch(first, replies)`` sees them in prompt order as they finish. ``local`` is ``(model,
+    prompt; ``on_batch(first, replies, cut)`` sees them in prompt order as they finish, with which of them ran to
+    the token limit (:data:`rlkit.inference.generate.OnBatch`). ``local`` is ``(model,
     tokenizer)`` for a local model (sampled metrics need it), None for an endpoint."""
 
     complete: Complete
@@ -96,8 +98,7 @@ def _endpoint_completer(url: str, served: Served, max_new_tokens: int) -> Comple
                                     retries=served.retries)
 
     def complete(prompts: list[Any], *, batch_size: int = 0, show_progress: bool = True,
-                 description: str = "generating", on_batch: Callable[[int, list[str]], None] | None = None,
-                 ) -> list[str]:
+                 description: str = "generating", on_batch: OnBatch | None = None) -> list[str]:
         del batch_size  # the server batches; ``served.concurrency`` requests are in flight at once
         return asyncio.run(_complete(policy, url, prompts, served.concurrency, show_progress, description, on_batch))
 
@@ -105,7 +106,7 @@ def _endpoint_completer(url: str, served: Served, max_new_tokens: int) -> Comple
 
 
 async def _complete(policy: Any, url: str, prompts: list[Any], concurrency: int, show_progress: bool,
-                    description: str, on_batch: Callable[[int, list[str]], None] | None) -> list[str]:
+                    description: str, on_batch: OnBatch | None) -> list[str]:
     """``concurrency`` prompts at a time, each chunk handed to ``on_batch`` when it is whole. A request that still
     fails after its retries stops the eval in one line (not a wrong answer counted against the model), after the
     replies before it are handed on."""
@@ -118,8 +119,8 @@ async def _complete(policy: Any, url: str, prompts: list[Any], concurrency: int,
                 turns = await asyncio.gather(*(policy.agenerate(p, []) for p in prompts[first:first + concurrency]))
                 failed = next((i for i, turn in enumerate(turns) if turn.error is not None), None)
                 chunk = [turn.message.get("content") or "" for turn in turns[:failed]]
-                if on_batch is not None and chunk:
-                    on_batch(first, chunk)  # the replies before a failure are kept
+                if on_batch is not None and chunk:  # the replies before a failure are kept
+                    on_batch(first, chunk, [turn.finish_reason == "length" for turn in turns[:len(chunk)]])
                 replies += chunk
                 advance(len(chunk))
                 if failed is not None:

@@ -21,11 +21,12 @@ def print_eval(results: dict[str, Any]) -> None:
         print_agent_eval(results)
         return
     table = Table(title=f"eval: {results['recipe']} ({results['task']})")
-    for col in ("model", "examples", "accuracy [95% interval]", "degenerate", "seconds"):
+    for col in ("model", "examples", "accuracy [95% interval]", "degenerate", "cut by token limit", "seconds"):
         table.add_column(col, justify="left" if col == "model" else "right")
     table.add_row(results["model"], str(results["n"]), show_accuracy(results["accuracy"], results["n"],
                                                                      results.get("interval")),
-                  show_degenerate(results), f"{results['seconds']:.1f}")
+                  show_degenerate(results), f"{results['cut']:.2f}" if "cut" in results else "-",
+                  f"{results['seconds']:.1f}")
     console = Console()
     console.print(table)
     console.print(f"per-example predictions: {results['path']}")

@@ -159,15 +159,16 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
                        else round(res["accuracy"] * n))
             cells[s.name] = {"correct": correct, "n": n, "accuracy": correct / n,
                              "interval": list(interval(per_problem(res))), "results": res["path"],
-                             **({"degenerate": res["degenerate"]} if "degenerate" in res else {})}
+                             **{k: res[k] for k in SHARES if k in res}}
             results[-1][s.name] = res
         if suite.pooled:
             scores = [x for s in suite.sets for x in per_problem(results[-1][s.name])]
             cells[suite.pooled] = {"correct": round(sum(scores)), "n": len(scores),
                                    "accuracy": sum(scores) / len(scores), "interval": list(interval(scores))}
-            if all("degenerate" in cells[s.name] for s in suite.sets):
-                cells[suite.pooled]["degenerate"] = sum(cells[s.name]["degenerate"] * cells[s.name]["n"]
-                                                        for s in suite.sets) / len(scores)
+            for k in SHARES:
+                if all(k in cells[s.name] for s in suite.sets):
+                    shares = (cells[s.name][k] * cells[s.name]["n"] for s in suite.sets)
+                    cells[suite.pooled][k] = sum(shares) / len(scores)
         rows.append({"role": role, "model": label, "sets": cells})
     sets = [{"name": s.name, "about": s.about} for s in suite.sets]
     if suite.pooled:
@@ -185,6 +186,8 @@ def run_suite(target: str, suite: Suite, *, model: str | None = None, base: str 
 
 
 ROLES = ("base", "trained")
+# Shares of a set's replies a suite cell keeps from its results: degenerate, and cut by the token limit.
+SHARES = ("degenerate", "cut")
 
 
 def find_summary(path: Path) -> Path:

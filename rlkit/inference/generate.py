@@ -28,6 +28,10 @@ from typing import Any
 
 from rlkit.inference.fastgen import length_order
 
+# ``on_batch(first_prompt_index, completions, cut)``: a batch of replies in prompt order, as it ends, and which of
+# them the token limit cut (every completer of :mod:`rlkit.evaluate.served` hands its batches on this way).
+OnBatch = Callable[[int, list[str], list[bool]], None]
+
 # Below this many shared tokens the saved prefill does not pay for giving up the static cache.
 SHARED_PREFIX_MIN = 64
 # From this many prompt tokens to read per row, an eager-attention model reads them with SDPA (module docstring).
@@ -41,6 +45,7 @@ class Generation:
     prompt_ids: list[int]  # the prompt's tokens, without padding
     ids: list[int]  # the new tokens (after an EOS, padding up to the batch's longest)
     seconds: float  # the batch's generation time, per prompt
+    cut: bool = False  # it ran to max_new_tokens without a stop token: the token limit ended it
 
 
 def sampling_kwargs(temperature: float | None, num_return_sequences: int = 1) -> dict[str, Any]:
@@ -83,6 +88,7 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
     model.eval()
     device = next(model.parameters()).device
     trimmer = heap_trimmer() if device.type == "cpu" else None
+    stops = stop_ids(model, tokenizer)
     k = num_return_sequences
     done: list[Generation] = []
     with progress.bar(description, len(prompts), show=show_progress) as advance, torch.inference_mode():
@@ -102,7 +108,9 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
                                      **sampling_kwargs(temperature, k))
                 width = batch["input_ids"].shape[1]
             seconds = (time.time() - started) / len(chosen)
-            generations = [Generation(chosen[j // k], row[width:], seconds) for j, row in enumerate(out.tolist())]
+            generations = [Generation(chosen[j // k], row[width:], seconds,
+                                      cut=len(row) - width >= max_new_tokens and not stops.intersection(row[width:]))
+                           for j, row in enumerate(out.tolist())]
             done.extend(generations)
             if on_batch is not None:
                 on_batch(start, generations)
@@ -111,6 +119,13 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
                 trimmer.check()
     position = {i: pos for pos, i in enumerate(order)}
     return [done[position[j // k] * k + j % k] for j in range(len(done))]
+
+
+def stop_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The tokens that end a generation: the generation config's EOS (one id or several) and the tokenizer's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {tokenizer.eos_token_id}
+    return {i for i in ids if i is not None}
 
 
 def shared_prefix(prompts: Sequence[list[int]]) -> int:
@@ -174,16 +189,17 @@ def _attention(model: Any, implementation: str | None) -> Iterator[None]:
 def generate(model: Any, tokenizer: Any, prompts: list[Any], chat_template_kwargs: dict[str, Any], *,
              max_new_tokens: int, batch_size: int, show_progress: bool = True,
              num_return_sequences: int = 1, temperature: float | None = None,
-             description: str = "generating", on_batch: Callable[[int, list[str]], None] | None = None) -> list[str]:
+             description: str = "generating", on_batch: OnBatch | None = None) -> list[str]:
     """Completions (text) for chat prompts: ``num_return_sequences`` per prompt, prompt by prompt.
 
-    ``on_batch(first_prompt_index, completions)`` sees each batch, in prompt order, as soon as it is decoded
-    (to write it).
+    ``on_batch(first_prompt_index, completions, cut)`` sees each batch, in prompt order, as soon as it is decoded
+    (to write it); ``cut[i]``: completion i ran to ``max_new_tokens`` without a stop token.
     """
     def decoded(generations: list[Generation]) -> list[str]:
         return [tokenizer.decode(g.ids, skip_special_tokens=True) for g in generations]
 
-    write = None if on_batch is None else (lambda first, generations: on_batch(first, decoded(generations)))
+    write = None if on_batch is None else (
+        lambda first, generations: on_batch(first, decoded(generations), [g.cut for g in generations]))
     ids = tokenize(tokenizer, render(tokenizer, prompts, chat_template_kwargs))
     return decoded(generate_ids(model, tokenizer, ids, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 temperature=temperature, num_return_sequences=num_return_sequences,
