@@ -1,5 +1,7 @@
 """rlkit's batched generation: what a caller writes batch by batch is what it returns, prompt by prompt."""
 
+import pytest
+
 from rlkit.inference.generate import generate
 from rlkit.tiny import tiny_model_path
 
@@ -38,19 +40,21 @@ def _tiny():
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 
-def test_cut_marks_exactly_the_replies_the_token_limit_ended():
+@pytest.mark.parametrize("prefix", [[], list(range(20, 100))], ids=["plain batch", "shared prefix"])
+def test_cut_marks_exactly_the_replies_the_token_limit_ended(prefix):
     """A reply is cut when it reaches max_new_tokens without a stop token; one that stops, even on its last allowed
     token, is not. The stop token is chosen from what the tiny model says, so the test knows where it stops."""
     from rlkit.inference import generate as gen
 
     model, tok = _tiny()
-    prompts = [[20, 21, 22], [300, 31], [40, 41, 42, 43]]
+    prompts = [prefix + [120, 21, 22], prefix + [300, 31], prefix + [40, 41, 42, 43]]
+    assert (gen.shared_prefix(prompts) >= gen.SHARED_PREFIX_MIN) == bool(prefix)  # the cached path, or not
     free = gen.generate_ids(model, tok, prompts, max_new_tokens=5, batch_size=3)
     assert [g.cut for g in free] == [True] * 3  # nothing stopped them
     stop = free[0].ids[1]  # the first reply's second token ends it from now on
     assert all(stop not in g.ids for g in free[1:]) and stop not in free[0].ids[:1]
-    model.generation_config.eos_token_id = stop
-    for limit in (5, 2):
+    for limit, eos in ((5, stop), (2, [tok.eos_token_id, stop])):  # one id, or several
+        model.generation_config.eos_token_id = eos
         out = gen.generate_ids(model, tok, prompts, max_new_tokens=limit, batch_size=3)
         assert out[0].ids[:2] == free[0].ids[:2] and [g.cut for g in out] == [False, True, True]
         assert [g.ids[:limit] for g in out[1:]] == [g.ids[:limit] for g in free[1:]]

@@ -122,10 +122,11 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
 
 
 def stop_ids(model: Any, tokenizer: Any) -> set[int]:
-    """The tokens that end a generation: the generation config's EOS (one id or several) and the tokenizer's."""
+    """The tokens ``generate`` stops at: the generation config's EOS (one id or several), else the tokenizer's."""
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {tokenizer.eos_token_id}
-    return {i for i in ids if i is not None}
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return {i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None}
 
 
 def shared_prefix(prompts: Sequence[list[int]]) -> int:
