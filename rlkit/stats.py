@@ -186,6 +186,12 @@ def show_accuracy(accuracy: float | None, n: Any = None, bounds: Sequence[float]
     return show({"mean": accuracy, "low": bounds[0], "high": bounds[1]}, digits)
 
 
+def show_cut(results: dict[str, Any]) -> str:
+    """``0.23``: the share of replies the token limit cut; ``-`` where the results do not say (an agent eval, a
+    results file written before rlkit counted them)."""
+    return "-" if results.get("cut") is None else f"{results['cut']:.2f}"
+
+
 def show_degenerate(results: dict[str, Any]) -> str:
     """``0.12 (no answer 10, loop 2)``: the share of degenerate replies and how many of each kind; ``-`` where the
     results do not say (an agent eval, a results file written before rlkit counted them)."""

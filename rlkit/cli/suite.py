@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import UserError
-from rlkit.stats import show_accuracy, show_degenerate, show_diff
+from rlkit.stats import show_accuracy, show_cut, show_degenerate, show_diff
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rlkit.evaluate.served import Served
 
 GAIN_CAPTION = ("gain: trained - base on the same problems, its 95% paired-bootstrap interval and p (exact McNemar "
@@ -46,20 +48,17 @@ def suite_table(summary: dict[str, Any]) -> Any:
           **{f"{row['role']}: {row['model']}": cell(row["sets"][s["name"]]) for row in summary["rows"]},
           **({"gain": show_diff(gains[s["name"]])} if gains else {}),
           **_beside(summary, s["name"], "degenerate", "degenerate", show_degenerate),
-          **_beside(summary, s["name"], "cut", "cut by token limit", _cut)}
+          **_beside(summary, s["name"], "cut", "cut by token limit", show_cut)}
          for s in summary["sets"]],
         caption=GAIN_CAPTION if gains else None)
 
 
-def _beside(summary: dict[str, Any], name: str, key: str, column: str, show: Any) -> dict[str, str]:
+def _beside(summary: dict[str, Any], name: str, key: str, column: str,
+            show: Callable[[dict[str, Any]], str]) -> dict[str, str]:
     """``{column: "base -> trained"}``: a share set ``name``'s cells carry, shown for each model; nothing when no
     cell has it (results written before rlkit recorded it)."""
     cells = [row["sets"][name] for row in summary["rows"]]
     return {column: " -> ".join(show(c) for c in cells)} if any(key in c for c in cells) else {}
-
-
-def _cut(entry: dict[str, Any]) -> str:
-    return f"{entry['cut']:.2f}" if "cut" in entry else "-"
 
 
 def print_suite(summary: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlkit import runs
 from rlkit.evaluate.sampled import print_sampled
-from rlkit.stats import show_accuracy, show_degenerate
+from rlkit.stats import show_accuracy, show_cut, show_degenerate
 
 
 def print_eval(results: dict[str, Any]) -> None:
@@ -25,8 +25,7 @@ def print_eval(results: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     table.add_row(results["model"], str(results["n"]), show_accuracy(results["accuracy"], results["n"],
                                                                      results.get("interval")),
-                  show_degenerate(results), f"{results['cut']:.2f}" if "cut" in results else "-",
-                  f"{results['seconds']:.1f}")
+                  show_degenerate(results), show_cut(results), f"{results['seconds']:.1f}")
     console = Console()
     console.print(table)
     console.print(f"per-example predictions: {results['path']}")
