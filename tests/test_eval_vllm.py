@@ -121,6 +121,12 @@ def test_the_vllm_backend_gets_the_prompt_tokens_the_hf_backend_generates_from(f
         assert (params.temperature, params.max_tokens) == (0.0, recipe.eval.max_new_tokens)
         assert lora.path == str(run_dir / "adapter")
     assert os.environ[backends.FLASHINFER_SAMPLER] == "0"  # no flashinfer here: rlkit switched its sampler off
+    FakeLLM.finish_reason = "length"  # vLLM says the token limit ended each one
+    try:
+        cut = evaluate(sft_run, backend="vllm", limit=3, out=tmp_path / "cut.json", show_progress=False)
+    finally:
+        FakeLLM.finish_reason = "stop"
+    assert cut["cut"] == 1 and [e["cut"] for e in cut["examples"]] == [True] * 3
 
 
 def test_an_agent_eval_asks_for_a_vllm_policy(monkeypatch):
