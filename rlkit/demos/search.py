@@ -74,14 +74,16 @@ def hotpotqa_data(source: Path | None, output_dir: Path) -> Path | None:
 
 def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_overrides: list[str] | None = None,
                     *, teacher_questions: int = TEACHER_QUESTIONS, limit: int | None = None,
-                    data_dir: Path | None = None, control: bool = True) -> dict[str, Any]:
+                    data_dir: Path | None = None, control: bool = True,
+                    grpo_minutes: float | None = None) -> dict[str, Any]:
     """Base, SFT, GRPO and (``control``) SFT continued on the teacher's rows for GRPO's minutes, search agents each
     evaluated on every set (its first ``limit`` questions); returns
     the summary also written to ``output_dir/demo.json``. Each stage that loads a model runs in a fresh process
     (so a script that calls this needs the ``if __name__ == "__main__":`` guard). ``overrides`` apply to both
     recipes and every eval; of them, the ``model.*`` and ``eval.*`` keys also apply to the HotpotQA eval, which runs
     the BYOD recipe. ``data_dir``: a folder holding HotpotQA's closed set and IFEval's prompts
-    (:func:`rlkit.data.sources.public_sets`)."""
+    (:func:`rlkit.data.sources.public_sets`). ``grpo_minutes`` ends GRPO at the first step that long after it
+    began (``train``'s ``max_minutes``); the control trains for the minutes GRPO took."""
     from rich.console import Console
 
     from rlkit import safety
@@ -136,7 +138,7 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     sft = stages.run_fresh("SFT eval", evaluate_all, "sft", str(sft_dir))
     console.rule(f"6/{steps}  GRPO with the search tool, from the SFT adapter ({GRPO})")
     stages.run_fresh("GRPO training", train, grpo_recipe, grpo_set + [f"init_from={json.dumps(str(sft_dir))}"],
-                     output_dir=grpo_dir, overwrite=True)
+                     output_dir=grpo_dir, overwrite=True, max_minutes=grpo_minutes)
     grpo_model = kept_adapter(grpo_dir, stages, console)
     console.rule(f"7/{steps}  evaluate after GRPO")
     grpo = stages.run_fresh("GRPO eval", evaluate_all, "grpo", grpo_model)

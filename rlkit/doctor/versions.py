@@ -18,11 +18,16 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "b
 
 
 def declared() -> dict[str, str]:
-    """package -> specifier from rlkit's own metadata (base dependencies and the `gpu` extra)."""
+    """package -> specifier from rlkit's own metadata (base dependencies and the `gpu` extra); none when rlkit runs
+    from a checkout that was never installed (a GPU machine given the source tree and its dependencies)."""
     from packaging.requirements import Requirement
 
+    try:
+        required = metadata.requires("rlkit") or []
+    except metadata.PackageNotFoundError:
+        return {}
     out: dict[str, str] = {}
-    for line in metadata.requires("rlkit") or []:
+    for line in required:
         req = Requirement(line)
         if req.marker is not None and "extra" in str(req.marker) and "gpu" not in str(req.marker):
             continue  # dev/dense extras are not part of the supported stack
@@ -45,6 +50,9 @@ def checks(ctx: Context) -> list[Check]:
             if name in needs:
                 out.append(Check(F, name, "fail", f"not installed; the recipe needs it ({needs[name]})",
                                  "pip install 'rlkit[gpu]'"))
+            elif name == "bitsandbytes":  # a dependency of rlkit's, but only 4-bit recipes load it
+                out.append(Check(F, name, "warn", "not installed; a 4-bit recipe (model.load_in_4bit) would need it",
+                                 f"pip install '{name}{spec}'"))
             elif name not in ("unsloth", "vllm"):
                 out.append(Check(F, name, "fail", "not installed", f"pip install '{name}{spec}'"))
             continue
@@ -64,6 +72,8 @@ def _needed_extras(ctx: Context) -> dict[str, str]:
     needs = {}
     if ctx.recipe.model.backend == "unsloth":
         needs["unsloth"] = "model.backend: unsloth"
+    if ctx.recipe.model.load_in_4bit:
+        needs["bitsandbytes"] = "model.load_in_4bit: true"
     if bool(ctx.setting("use_vllm", False)):
         needs["vllm"] = "trainer.use_vllm: true"
     return needs
