@@ -210,12 +210,23 @@ def test_parsed_turn_reads_tool_calls_like_trl(tiny_model_dir):
                                      enable_thinking=False, tokenize=True, return_dict=False)
     text = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "6*7"}}\n</tool_call><|im_end|>'
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    turn = parsed_turn(tok, ids, prompt, max_new_tokens=64, seconds=0.1)
+    turn = parsed_turn(tok, ids, prompt, cut=False, seconds=0.1)
     assert turn.finish_reason == "tool_calls"
     assert turn.message["tool_calls"][0]["function"] == {"name": "calculate", "arguments": {"expression": "6*7"}}
     assert turn.prompt_tokens == len(prompt) and turn.completion_tokens == len(ids)
-    cut = parsed_turn(tok, tok("#### 4", add_special_tokens=False)["input_ids"], prompt, max_new_tokens=3, seconds=0)
+    answer = tok("#### 4", add_special_tokens=False)["input_ids"]
+    cut = parsed_turn(tok, answer, prompt, cut=True, seconds=0)
     assert cut.finish_reason == "length" and cut.message["content"] == "#### 4"
+    # Whether the limit ended it is the generator's word, not a count: vLLM gives a turn near the context's end fewer
+    # tokens than max_new_tokens, and an hf reply may stop on its last allowed token.
+    assert parsed_turn(tok, answer, prompt, cut=False, seconds=0).finish_reason == "stop"
+
+
+def test_a_turn_ends_at_its_first_stop_token_of_any_kind():
+    from rlkit.agents.turns import until_stop
+
+    assert until_stop([5, 7, 2, 0, 0], {2, 7}) == [5, 7]  # the generation config may list several EOS ids
+    assert until_stop([5, 6, 2, 2], {2}) == [5, 6, 2] and until_stop([5, 6], {2}) == [5, 6]
 
 
 def test_local_model_rollout_and_agent_eval(tmp_path, capsys, monkeypatch):
@@ -257,6 +268,8 @@ def test_local_model_rollout_and_agent_eval(tmp_path, capsys, monkeypatch):
     assert "│ all           │ 4 │" in capsys.readouterr().out.replace("─", "")
     for r in records:
         assert r["turns"] and all(t["completion_tokens"] <= 24 for t in r["turns"])  # smoke max_new_tokens
+        # A reply the limit ended says so (hf's Generation.cut): all 24 tokens, no stop token among them.
+        assert all((t["finish_reason"] == "length") == (t["completion_tokens"] == 24) for t in r["turns"][-1:])
         assert r["turns"][0]["prompt_tokens"] > 50  # system prompt, tool schema and question
         assert r["messages"][0]["role"] == "system" and r["messages"][2]["role"] == "assistant"
     saved = json.loads((tmp_path / "eval.json").read_text())

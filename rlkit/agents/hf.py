@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlkit.agents.episodes import Turn
-from rlkit.agents.turns import parsed_turn, require_response_parser, training_template, until_eos
-from rlkit.inference.generate import generate_ids, render, tokenize
+from rlkit.agents.turns import parsed_turn, require_response_parser, training_template, until_stop
+from rlkit.inference.generate import generate_ids, render, stop_ids, tokenize
 
 
 class HFPolicy:
@@ -28,5 +28,5 @@ class HFPolicy:
         prompts = tokenize(tok, render(tok, conversations, self.kwargs, tools=tools, template=self.template))
         generations = generate_ids(self.model, tok, prompts, max_new_tokens=self.max_new_tokens,
                                    batch_size=self.batch_size, temperature=self.temperature)
-        return [parsed_turn(tok, until_eos(g.ids, tok.eos_token_id), g.prompt_ids, self.max_new_tokens, g.seconds)
-                for g in generations]
+        stops = stop_ids(self.model, tok)
+        return [parsed_turn(tok, until_stop(g.ids, stops), g.prompt_ids, g.cut, g.seconds) for g in generations]

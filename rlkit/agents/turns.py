@@ -35,23 +35,21 @@ def training_template(tokenizer: Any) -> str | None:
     return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
 
 
-def parsed_turn(tokenizer: Any, ids: list[int], prompt_ids: list[int], max_new_tokens: int, seconds: float) -> Turn:
-    """A generated token sequence as an assistant message, tool calls parsed the way TRL parses them."""
-    finished = bool(ids) and ids[-1] == tokenizer.eos_token_id
+def parsed_turn(tokenizer: Any, ids: list[int], prompt_ids: list[int], cut: bool, seconds: float) -> Turn:
+    """A generated token sequence as an assistant message, tool calls parsed the way TRL parses them; ``cut``: the
+    generator says its token limit ended it (hf ``Generation.cut``, vLLM's ``finish_reason`` "length", which also
+    covers a turn given fewer tokens because the context was nearly full)."""
     message = parse_response(tokenizer, ids, prefix=prompt_ids) if ids else {"role": "assistant", "content": ""}
     message = {k: v for k, v in message.items() if v is not None}
     message["role"] = "assistant"
-    if message.get("tool_calls"):
-        finish = "tool_calls"
-    else:
-        finish = "stop" if finished or len(ids) < max_new_tokens else "length"
+    finish = "tool_calls" if message.get("tool_calls") else "length" if cut else "stop"
     return Turn(message, prompt_tokens=len(prompt_ids), completion_tokens=len(ids), finish_reason=finish,
                 seconds=seconds)
 
 
-def until_eos(ids: list[int], eos: int) -> list[int]:
-    """The tokens up to and including the first ``eos`` (what follows is the batch's padding)."""
-    return ids[:ids.index(eos) + 1] if eos in ids else ids
+def until_stop(ids: list[int], stops: set[int]) -> list[int]:
+    """The tokens up to and including the first stop token (what follows is the batch's padding)."""
+    return next((ids[:i + 1] for i, t in enumerate(ids) if t in stops), ids)
 
 
 def prompt_lengths(tokenizer: Any, conversations: Sequence[list[dict[str, Any]]], tools: list[dict],

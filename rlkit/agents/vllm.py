@@ -125,6 +125,6 @@ class VLLMPolicy:
         seconds = (time.time() - started) / max(len(conversations), 1)
         for i, o in zip(fit, outputs, strict=True):
             turns[i] = parsed_turn(self.tokenizer, list(o.outputs[0].token_ids), list(o.prompt_token_ids),
-                                   self.max_new_tokens, seconds)
+                                   o.outputs[0].finish_reason == "length", seconds)
         return turns
 
