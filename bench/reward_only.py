@@ -85,14 +85,17 @@ def right_rows(samples: list[dict]) -> list[dict[str, str]]:
 @functools.cache
 def machine_sets(grpo: bool = False) -> tuple[str, ...]:
     """``--set model.dtype=float32`` on a CPU without bf16 matmul units, as the demos choose (their bf16 is emulated
-    there, 5-20x slower: 36 GRPO steps would take hours); nothing where the recipes' bf16 runs natively. On a GPU
-    what ``bench/gpu_smol.py`` sets: SDPA attention, and GRPO (``grpo``) generating without the CPU's static cache."""
+    there, 5-20x slower: 36 GRPO steps would take hours); nothing on a CPU whose bf16 runs natively; on a GPU what
+    ``bench/gpu_smol.py`` sets: SDPA attention, and for GRPO's training (``grpo``) no static cache, which is for a
+    CPU's eager attention."""
     from rich.console import Console
 
     from rlkit.backends import cuda_available
 
     if cuda_available():
         overrides = GPU_MODEL + (["trainer.cache_implementation=null"] if grpo else [])
+    elif grpo:
+        return machine_sets(False)  # a CPU's are every stage's (and its line is printed once)
     else:
         overrides = machine_overrides(Console(stderr=True))
     return tuple(a for o in overrides for a in ("--set", o))
@@ -233,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GRPO from {earlier}: {summary['steps']} steps, lr {summary['lr']}, seed {summary['seed']}, "
               f"{summary['grpo_minutes']:.2f} min", flush=True)
 
-    summary["machine_sets"] = list(machine_sets())  # this run's; GRPO's from --grpo-from ran with that run's
+    # This run's (GRPO's own: its training's); GRPO's from --grpo-from ran with that run's.
+    summary["machine_sets"] = list(machine_sets(False))
+    summary["grpo_machine_sets"] = list(machine_sets(True))
     rft(out, summary, summary["grpo_minutes"], args.rft_rounds, summary["seed"], summary["pool"], summary["prompt"])
     grpo_evals = out / "eval-grpo"
     if earlier is None:

@@ -268,8 +268,8 @@ def test_local_model_rollout_and_agent_eval(tmp_path, capsys, monkeypatch):
     assert "│ all           │ 4 │" in capsys.readouterr().out.replace("─", "")
     for r in records:
         assert r["turns"] and all(t["completion_tokens"] <= 24 for t in r["turns"])  # smoke max_new_tokens
-        # A reply the limit ended says so (hf's Generation.cut): all 24 tokens, no stop token among them.
-        assert all((t["finish_reason"] == "length") == (t["completion_tokens"] == 24) for t in r["turns"][-1:])
+        # A reply the limit ended says so (hf's Generation.cut), and only one with all 24 tokens can be one.
+        assert all(t["completion_tokens"] == 24 for t in r["turns"] if t["finish_reason"] == "length")
         assert r["turns"][0]["prompt_tokens"] > 50  # system prompt, tool schema and question
         assert r["messages"][0]["role"] == "system" and r["messages"][2]["role"] == "assistant"
     saved = json.loads((tmp_path / "eval.json").read_text())

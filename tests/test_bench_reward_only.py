@@ -38,8 +38,10 @@ def test_every_stage_s_overrides_are_valid_and_sample_grpo_s_own_pool():
     from rlkit.backends import cuda_available
     from rlkit.inference.fastgen import cpu_has_native_bf16
 
-    native, sets = cuda_available() or cpu_has_native_bf16(), reward_only.machine_sets()
-    assert sets == (() if native else ("--set", "model.dtype=float32"))
+    if cuda_available():  # the GPU's: the next test
+        return
+    native, sets = cpu_has_native_bf16(), reward_only.machine_sets()
+    assert sets == reward_only.machine_sets(True) == (() if native else ("--set", "model.dtype=float32"))
     assert load_recipe(ROOT / reward_only.GRPO, [*reward_only.grpo_overrides(12, 1.5e-4, 1), *sets[1::2]]).model.dtype \
         == ("bfloat16" if native else "float32")
 

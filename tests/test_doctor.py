@@ -330,6 +330,9 @@ def test_bitsandbytes_missing_blocks_only_a_4bit_recipe(monkeypatch):
     assert verdicts(run(GRPO, smoke=True, families=("versions",)))["versions/bitsandbytes"] == "warn"
     report = run(GRPO, ["model.load_in_4bit=true"], families=("versions",))
     assert verdicts(report)["versions/bitsandbytes"] == "fail" and "model.load_in_4bit" in report.summary()
+    saved = run(GRPO, ["model.load_in_4bit=false", "model.name_or_path=unsloth/Qwen3-1.7B-unsloth-bnb-4bit"],
+                families=("versions",))
+    assert verdicts(saved)["versions/bitsandbytes"] == "fail" and "saved in 4-bit" in saved.summary()
 
 
 def test_ranges_are_none_when_rlkit_runs_from_a_checkout_never_installed(monkeypatch):

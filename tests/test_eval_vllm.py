@@ -56,6 +56,7 @@ class FakeLLM:
 
     made: list = []
     reply: list[int] = []
+    prompt: list[int] = []  # what chat() says it was prompted with
     finish_reason = "stop"
 
     def __init__(self, **kwargs):
@@ -67,6 +68,12 @@ class FakeLLM:
         self.calls.append((prompts, params, lora_request))
         reply = types.SimpleNamespace(token_ids=list(FakeLLM.reply), finish_reason=FakeLLM.finish_reason)
         return [types.SimpleNamespace(outputs=[reply]) for _ in prompts]
+
+    def chat(self, conversations, params, *, tools=None, lora_request=None, chat_template=None,
+             chat_template_kwargs=None, use_tqdm=True):  # the agent policy's call
+        self.calls.append((conversations, params, lora_request))
+        reply = types.SimpleNamespace(token_ids=list(FakeLLM.reply), finish_reason=FakeLLM.finish_reason)
+        return [types.SimpleNamespace(prompt_token_ids=list(FakeLLM.prompt), outputs=[reply]) for _ in conversations]
 
 
 @pytest.fixture
@@ -127,6 +134,28 @@ def test_the_vllm_backend_gets_the_prompt_tokens_the_hf_backend_generates_from(f
     finally:
         FakeLLM.finish_reason = "stop"
     assert cut["cut"] == 1 and [e["cut"] for e in cut["examples"]] == [True] * 3
+
+
+def test_a_vllm_agent_turn_is_cut_when_vllm_says_so_not_by_its_length(fake_vllm, tiny_model_dir):
+    """Near the context's end vLLM gets a smaller token budget than max_new_tokens; a turn cut there is cut."""
+    from rlkit.agents.vllm import VLLMPolicy
+    from rlkit.backends import hf
+    from rlkit.inference.generate import render, tokenize
+
+    tokenizer = hf.load_tokenizer(str(tiny_model_dir))
+    policy = VLLMPolicy(str(tiny_model_dir), tokenizer, adapter=None, max_lora_rank=8, chat_template_kwargs={},
+                        max_new_tokens=16, max_model_len=4096)
+    FakeLLM.reply = tokenizer.encode("#### 4", add_special_tokens=False)
+    conversations = [[{"role": "user", "content": "2 + 2?"}]]
+    FakeLLM.prompt = tokenize(tokenizer, render(tokenizer, conversations, {}, tools=[], template=policy.template))[0]
+    FakeLLM.finish_reason = "length"
+    try:
+        (cut,) = policy.generate(conversations, [])
+    finally:
+        FakeLLM.finish_reason = "stop"
+    (stopped,) = policy.generate(conversations, [])
+    assert len(FakeLLM.reply) < 16 and (cut.finish_reason, stopped.finish_reason) == ("length", "stop")
+    assert cut.message["content"] == stopped.message["content"] == "#### 4"
 
 
 def test_an_agent_eval_asks_for_a_vllm_policy(monkeypatch):

@@ -100,7 +100,7 @@ def test_template_round_trip_prefixes_and_masks(tok):
                                          return_dict=False)
         full = tok.apply_chat_template(CONVERSATION[:n + 1], tools=TOOLS, tokenize=True, return_dict=False)
         assert full[:len(prompt)] == prompt
-        turn = parsed_turn(tok, full[len(prompt):-1], prompt, max_new_tokens=200, seconds=0.0)  # -1: the "\n"
+        turn = parsed_turn(tok, full[len(prompt):-1], prompt, cut=False, seconds=0.0)  # -1: the "\n"
         assert turn.message.get("tool_calls", []) == message.get("tool_calls", [])
         assert (turn.message.get("content") or "") == message["content"]
         assert turn.finish_reason == ("tool_calls" if message.get("tool_calls") else "stop")

@@ -1,8 +1,10 @@
 """Installed packages against the ranges rlkit declares (its package metadata, i.e. pyproject.toml), and
 the CUDA runtime and driver where there is a GPU.
 
-A package outside its range fails; an optional GPU package (unsloth, vllm) that the recipe needs and
-that is missing fails too; one it does not need is only listed.
+A package outside its range fails, and so does a missing one, except: unsloth and vllm are checked only where the
+recipe needs them, and bitsandbytes missing is a warning unless the recipe loads 4-bit weights (``model.load_in_4bit``
+or a checkpoint saved in 4-bit). Where rlkit runs from a checkout that was never installed there is no metadata and
+so no ranges: every installed package is listed as it is.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import subprocess
 from importlib import metadata
 
 from rlkit.doctor import Check, Context
+from rlkit.vllm_serve import prequantized
 
 F = "versions"
 PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes", "unsloth", "vllm")
@@ -74,6 +77,8 @@ def _needed_extras(ctx: Context) -> dict[str, str]:
         needs["unsloth"] = "model.backend: unsloth"
     if ctx.recipe.model.load_in_4bit:
         needs["bitsandbytes"] = "model.load_in_4bit: true"
+    elif prequantized(ctx.recipe.model.name_or_path):
+        needs["bitsandbytes"] = f"{ctx.recipe.model.name_or_path} is saved in 4-bit"
     if bool(ctx.setting("use_vllm", False)):
         needs["vllm"] = "trainer.use_vllm: true"
     return needs
