@@ -229,6 +229,48 @@ def test_a_turn_ends_at_its_first_stop_token_of_any_kind():
     assert until_stop([5, 6, 2, 2], {2}) == [5, 6, 2] and until_stop([5, 6], {2}) == [5, 6]
 
 
+def test_the_hf_policy_plays_episodes_in_waves_and_reads_each_turn_once(tmp_path, monkeypatch):
+    """Episodes play in waves of eval.batch_size, each to its end, so the turn cache holds one batch; a second
+    turn reads only what its first prompt did not (the reply and the tool result), and scores as without the
+    cache."""
+    from rlkit.agents import hf as hf_policy
+    from rlkit.evaluate import evaluate
+    from rlkit.inference import generate as gen
+
+    call = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+3"}}\n</tool_call><|im_end|>'
+    calls, reads = [], []
+    real_generate_ids, real_cached = hf_policy.generate_ids, gen._generate_cached
+
+    def scripted(model, tokenizer, prompts, **kwargs):
+        calls.append([list(p) for p in prompts])
+        generations = real_generate_ids(model, tokenizer, prompts, **kwargs)
+        if len(calls) == 1:  # the first wave's two episodes call the calculator, so they take a second turn
+            for g in generations:
+                g.ids = tokenizer(call, add_special_tokens=False)["input_ids"]
+        return generations
+
+    def cached(model, tokenizer, prompts, *args, heads, **kwargs):
+        reads.append([len(p) - (h.used if h else 0) for p, h in zip(prompts, heads or [None] * len(prompts),
+                                                                       strict=True)])
+        return real_cached(model, tokenizer, prompts, *args, heads=heads, **kwargs)
+
+    monkeypatch.setattr(hf_policy, "generate_ids", scripted)
+    monkeypatch.setattr(gen, "_generate_cached", cached)
+    options = dict(smoke=True, limit=5, overrides=["eval.batch_size=2"], show_progress=False)
+    results = evaluate(CALCULATOR, out=tmp_path / "eval.json", **options)
+    records = [json.loads(line) for line in Path(results["trajectories"]).read_text().splitlines()]
+    assert [len(r["turns"]) for r in records] == [2, 2, 1, 1, 1]
+    assert [len(c) for c in calls] == [2, 2, 2, 1]  # wave 1 (episodes 0-1) for two turns, then 2-3, then 4
+    assert all(calls[1][i][:len(calls[0][i])] == calls[0][i] for i in (0, 1))
+    grown = [len(calls[1][i]) - len(calls[0][i]) for i in (0, 1)]
+    assert reads[1] == grown  # only the new tokens: the reply (here not what the model said) and the tool result
+    calls.clear()
+    monkeypatch.setattr(hf_policy, "TurnCache", lambda: None)  # the policy without a turn cache
+    plain = evaluate(CALCULATOR, out=tmp_path / "plain.json", **options)
+    assert [json.loads(line)["messages"] for line in Path(plain["trajectories"]).read_text().splitlines()] == \
+        [r["messages"] for r in records]
+
+
 def test_local_model_rollout_and_agent_eval(tmp_path, capsys, monkeypatch):
     """The hf policy batches every live episode per turn; `rlkit eval` of an agent recipe scores rollouts."""
     from rlkit.agents import hf as hf_policy

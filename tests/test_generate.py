@@ -118,6 +118,46 @@ def test_a_shared_prefix_with_several_samples_per_prompt_keeps_them_in_prompt_or
     assert [g.prompt_ids for g in greedy] == [p for p in prompts for _ in range(2)]
 
 
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "eager with sdpa prefill"])
+def test_a_turn_cache_reads_only_each_conversations_new_tokens_and_changes_no_token(monkeypatch, eager):
+    """An agent's next prompt is its last one, its reply and a tool result. With a turn cache the second call reads
+    only those new tokens (one row continues nothing: it reads all of its own), and in fp32 every greedy token is
+    the plain batch's; sequences the next call does not continue are dropped."""
+    from rlkit.inference import generate as gen
+
+    model, tok = _tiny()
+    if eager:
+        model.set_attn_implementation("eager")
+        monkeypatch.setattr(gen, "SDPA_PREFILL_MIN", 8)
+    shapes = []
+    forward = model.forward
+
+    def counted(*args, **kw):
+        shapes.append(tuple(kw["input_ids"].shape))
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", counted)
+    first = [[400 + i, *range(20, 20 + n)] for i, n in enumerate((30, 12, 21))]
+    cache = gen.TurnCache()
+    kwargs = dict(max_new_tokens=6, batch_size=4)
+    replies = [g.ids for g in gen.generate_ids(model, tok, first, turn_cache=cache, **kwargs)]
+    stop = replies[1][2]  # the second reply ends at its third token (its KV is kept up to there)
+    model.generation_config.eos_token_id = stop
+    tool = [[700, 701], [710, 711, 712, 713, 714], [720]]
+    second = [first[0] + replies[0] + tool[0], first[1] + replies[1][:3] + tool[1], [900, 901, *range(50, 75)]]
+    shapes.clear()
+    cached = gen.generate_ids(model, tok, second, turn_cache=cache, **kwargs)
+    new = [len(tool[0]) + 1, len(tool[1]), 27]  # reply 0's last token was never read back; row 2 reads everything
+    assert [g.prompt_ids for g in cached] == second
+    reads = [s for s in shapes if s[1] > 1]
+    assert reads == [(3, max(new) - 1)] if eager else reads == [(3, max(new))]
+    assert len(cache.start().kept) == 3 and cache.start().kept == []  # handed on once, then dropped
+    monkeypatch.setattr(gen, "SDPA_PREFILL_MIN", 10_000)
+    plain = gen.generate_ids(model, tok, second, **kwargs)
+    assert [g.ids for g in cached] == [g.ids for g in plain] and len({tuple(g.ids) for g in plain}) == 3
+    assert [g.cut for g in cached] == [g.cut for g in plain]
+
+
 def test_long_prompts_of_an_eager_model_are_read_with_sdpa_and_decode_the_same_tokens(monkeypatch):
     """An eager-attention model (rlkit's bf16 CPU setting) reads prompts of SDPA_PREFILL_MIN tokens or more with
     SDPA into the cache, then decodes with eager attention: in fp32 the greedy tokens are those of the plain

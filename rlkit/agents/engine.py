@@ -38,12 +38,14 @@ def run_episodes(rows: Sequence[dict[str, Any]], make_env: Callable[[], Any], po
             asyncio.run(_run_concurrent(episodes, policy, tools, max_turns, tool_timeout, concurrency, advance,
                                         on_done))
         else:
-            while live := [e for e in episodes if not e.done]:
-                for episode, turn in zip(live, policy.generate([e.messages for e in live], tools), strict=True):
-                    episode.take(turn, max_turns=max_turns, tool_timeout=tool_timeout)
-                    if episode.done:
-                        on_done(episode)
-                        advance()
+            wave = getattr(policy, "wave", None) or len(episodes)  # episodes played together, turn by turn
+            for first in range(0, len(episodes), wave):
+                while live := [e for e in episodes[first:first + wave] if not e.done]:
+                    for episode, turn in zip(live, policy.generate([e.messages for e in live], tools), strict=True):
+                        episode.take(turn, max_turns=max_turns, tool_timeout=tool_timeout)
+                        if episode.done:
+                            on_done(episode)
+                            advance()
     return episodes
 
 

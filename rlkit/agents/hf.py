@@ -7,11 +7,13 @@ from typing import Any
 
 from rlkit.agents.episodes import Turn
 from rlkit.agents.turns import parsed_turn, require_response_parser, training_template, until_stop
-from rlkit.inference.generate import generate_ids, render, stop_ids, tokenize
+from rlkit.inference.generate import TurnCache, generate_ids, render, stop_ids, tokenize
 
 
 class HFPolicy:
-    """A local transformers model; generates the next turn of many episodes in one batch."""
+    """A local transformers model; generates the next turn of many episodes in one batch. Episodes play in waves of
+    ``batch_size`` (``wave``), each episode's KV cache kept from turn to turn (:class:`TurnCache`): a turn reads
+    only the reply and tool result that grew its conversation, and the kept caches are one batch's."""
 
     concurrent = False
 
@@ -22,11 +24,13 @@ class HFPolicy:
         self.temperature, self.batch_size = temperature, batch_size
         require_response_parser(tokenizer)
         self.template = training_template(tokenizer)
+        self.wave, self.turns = batch_size, TurnCache()
 
     def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
         tok = self.tokenizer
         prompts = tokenize(tok, render(tok, conversations, self.kwargs, tools=tools, template=self.template))
         generations = generate_ids(self.model, tok, prompts, max_new_tokens=self.max_new_tokens,
-                                   batch_size=self.batch_size, temperature=self.temperature)
+                                   batch_size=self.batch_size, temperature=self.temperature,
+                                   turn_cache=self.turns)
         stops = stop_ids(self.model, tok)
         return [parsed_turn(tok, until_stop(g.ids, stops), g.prompt_ids, g.cut, g.seconds) for g in generations]

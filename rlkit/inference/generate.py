@@ -15,6 +15,10 @@ the prompt pass of 8 prompts twice as slow as SDPA's (124-150 s against 63-69 s 
 ``SDPA_PREFILL_MIN`` tokens to read, the prompt runs through the model with SDPA into the KV cache before
 ``generate``, which then decodes with eager attention from that cache (the search agent's later turns are
 prompts of 800-1,200 tokens).
+
+An agent's conversation grows turn by turn: its next prompt is this one, the reply and a tool result. A
+:class:`TurnCache` keeps each row's KV cache (prompt and reply) from one call to the next; a prompt that
+continues a kept row reads only its new tail (``[pad][kept][pad][tail]``, the same masking and positions).
 """
 
 from __future__ import annotations
@@ -70,13 +74,15 @@ def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
                  temperature: float | None = None, num_return_sequences: int = 1, show_progress: bool = False,
-                 description: str = "generating",
-                 on_batch: Callable[[int, list[Generation]], None] | None = None) -> list[Generation]:
+                 description: str = "generating", on_batch: Callable[[int, list[Generation]], None] | None = None,
+                 turn_cache: TurnCache | None = None) -> list[Generation]:
     """``num_return_sequences`` generations per prompt, prompt by prompt, in prompt order.
 
     Similar lengths share a batch (less padding). A caller that writes each batch as it ends
     (``on_batch(first_prompt_index, generations)``) gets the batches in prompt order instead: its file is
-    then always a prefix of the prompts, which is what --resume continues from.
+    then always a prefix of the prompts, which is what --resume continues from. With ``turn_cache`` (one
+    sequence per prompt) a prompt that continues a sequence of the previous call reads only its new tokens, and
+    this call's sequences are kept for the next.
     """
     import torch
 
@@ -90,18 +96,25 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
     trimmer = heap_trimmer() if device.type == "cpu" else None
     stops = stop_ids(model, tokenizer)
     k = num_return_sequences
+    if turn_cache is not None and k != 1:
+        raise ValueError("a turn cache continues one sequence per prompt")
+    kept = turn_cache.start() if turn_cache is not None else None
     done: list[Generation] = []
     with progress.bar(description, len(prompts), show=show_progress) as advance, torch.inference_mode():
         for start in range(0, len(prompts), batch_size):
             chosen = [prompts[i] for i in order[start:start + batch_size]]
             started = time.time()
+            heads = kept.heads(chosen) if kept is not None else None
             shared = shared_prefix(chosen)
-            if shared < SHARED_PREFIX_MIN or len(chosen) * k == 1:
+            if shared < SHARED_PREFIX_MIN or len(chosen) * k == 1 or heads:
                 shared = 0
-            sdpa = _eager(model) and max(map(len, chosen)) - shared >= SDPA_PREFILL_MIN
-            if shared or sdpa:
-                out, width = _generate_cached(model, tokenizer, chosen, shared, max_new_tokens, temperature, k,
-                                              sdpa_prefill=sdpa)
+            read = max(len(p) - (h.used if h else 0) for p, h in zip(chosen, heads, strict=True)) if heads else \
+                max(map(len, chosen)) - shared
+            sdpa = _eager(model) and read >= SDPA_PREFILL_MIN
+            if shared or sdpa or turn_cache is not None:
+                out, layout = _generate_cached(model, tokenizer, chosen, max_new_tokens, temperature, k, shared=shared,
+                                               heads=heads, sdpa_prefill=sdpa)
+                width = layout.width
             else:
                 batch = tokenizer.pad({"input_ids": chosen}, return_tensors="pt").to(device)
                 out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -111,6 +124,8 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
             generations = [Generation(chosen[j // k], row[width:], seconds,
                                       cut=len(row) - width >= max_new_tokens and not stops.intersection(row[width:]))
                            for j, row in enumerate(out.tolist())]
+            if turn_cache is not None:
+                turn_cache.keep(layout, chosen, [g.ids for g in generations], stops)
             done.extend(generations)
             if on_batch is not None:
                 on_batch(start, generations)
@@ -134,39 +149,149 @@ def shared_prefix(prompts: Sequence[list[int]]) -> int:
     return min(len(os.path.commonprefix(list(prompts))), min(len(p) for p in prompts) - 1)
 
 
-def _generate_cached(model: Any, tokenizer: Any, prompts: list[list[int]], shared: int, max_new_tokens: int,
-                     temperature: float | None, k: int, *, sdpa_prefill: bool) -> tuple[Any, int]:
-    """``generate`` from a KV cache rlkit fills itself. The first ``shared`` tokens, the same in every prompt,
-    run once at batch size 1 and their cache is copied to every row; the tails are padded between prefix and
-    tail (``[prefix][pad...][tail]``, masked; positions from the mask). With ``sdpa_prefill`` every prompt token
-    but the last is read with SDPA attention into the cache, and ``generate`` decodes with the model's own.
-    Returns (sequences, width of the padded prompts); rows are prompt by prompt, ``k`` per prompt, like
-    ``num_return_sequences``."""
+@dataclass
+class _Layout:
+    """A batch read as ``[pad][head][pad][tail]`` then the new tokens: each row's head is either the prefix every
+    prompt shares (run once) or what a :class:`TurnCache` kept of it; ``width`` is where the new tokens start."""
+
+    heads: list[int]  # each row's head length
+    tails: list[int]  # each row's tail length
+    head: int  # the longest head: the tails start here
+    width: int
+    cache: Any  # the batch's DynamicCache after generation
+
+
+def _generate_cached(model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int,
+                     temperature: float | None, k: int, *, shared: int, heads: list[Any] | None,
+                     sdpa_prefill: bool) -> tuple[Any, _Layout]:
+    """``generate`` from a KV cache rlkit fills itself. Its head: the first ``shared`` tokens, the same in every
+    prompt, run once at batch size 1 and their cache copied to every row; or each row's own ``heads[i]`` (a
+    :class:`_Kept` of the turn cache, or None). Rows are ``[pad][head][pad][tail]`` (masked; positions from the
+    mask, so a tail continues right after its head whatever the padding). With ``sdpa_prefill`` every prompt
+    token but the last is read with SDPA attention into the cache, and ``generate`` decodes with the model's own.
+    Returns (sequences, layout); rows are prompt by prompt, ``k`` per prompt, like ``num_return_sequences``."""
     import torch
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    tails = [p[shared:] for p in prompts for _ in range(k)]
+    rows = [p for p in prompts for _ in range(k)]
+    own = [h for h in heads for _ in range(k)] if heads else [None] * len(rows)
+    lengths = [h.used if h is not None else shared for h in own]
+    head = max(lengths)
+    tails = [p[n:] for p, n in zip(rows, lengths, strict=True)]
     width = max(map(len, tails))
     pad = tokenizer.pad_token_id
-    prefix = prompts[0][:shared]
-    ids = torch.tensor([prefix + [pad] * (width - len(t)) + t for t in tails], device=device)
-    mask = torch.tensor([[1] * shared + [0] * (width - len(t)) + [1] * len(t) for t in tails], device=device)
-    # Positions count real tokens only, so a tail continues right after the prefix whatever its padding.
+    ids = torch.tensor([[pad] * (head - n) + p[:n] + [pad] * (width - len(t)) + t
+                        for p, n, t in zip(rows, lengths, tails, strict=True)], device=device)
+    mask = torch.tensor([[0] * (head - n) + [1] * n + [0] * (width - len(t)) + [1] * len(t)
+                         for n, t in zip(lengths, tails, strict=True)], device=device)
+    # Positions count real tokens only, so a tail continues right after its head whatever its padding.
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     with _attention(model, "sdpa" if sdpa_prefill else None):
         if shared:
             model(input_ids=ids[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache.batch_repeat_interleave(len(tails))
+            cache.batch_repeat_interleave(len(rows))
+        elif heads and head:
+            for layer, (keys, values) in enumerate(_stacked(own, head)):
+                cache.update(keys, values, layer)
         if sdpa_prefill and width > 1:  # all but the last token: generate needs one to start from
-            model(input_ids=ids[:, shared:-1], attention_mask=mask[:, :-1], position_ids=positions[:, shared:-1],
+            model(input_ids=ids[:, head:-1], attention_mask=mask[:, :-1], position_ids=positions[:, head:-1],
                   past_key_values=cache, use_cache=True, logits_to_keep=1)
     # A cache object and a cache_implementation (fastgen's static cache) cannot both be given to generate.
     out = model.generate(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          cache_implementation=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
                          **sampling_kwargs(temperature, 1))
-    return out, shared + width
+    return out, _Layout(lengths, [len(t) for t in tails], head, head + width, cache)
+
+
+def _stacked(heads: list[Any], head: int) -> Iterator[tuple[Any, Any]]:
+    """Per layer, the rows' kept keys and values left-padded to ``head`` tokens (zeros: masked), one batch; each
+    kept layer is let go once copied, so the kept caches and the batch's are not both held whole."""
+    import torch
+
+    kept = [h for h in heads if h is not None]
+    for layer in range(len(kept[0].layers)):
+        some = kept[0].layers[layer][0]
+        keys, values = (torch.zeros((len(heads), some.shape[1], head, some.shape[3]), dtype=some.dtype,
+                                    device=some.device) for _ in range(2))
+        for row, h in enumerate(heads):
+            if h is not None and h.used:
+                keys[row, :, head - h.used:], values[row, :, head - h.used:] = (t[0, :, :h.used]
+                                                                                for t in h.layers[layer])
+        for h in kept:
+            h.layers[layer] = None
+        yield keys, values
+
+
+@dataclass
+class _Kept:
+    """A kept sequence: its tokens and, per layer, (keys, values) of shape [1, heads, tokens, dim]; ``used``: how
+    many of them a prompt reuses."""
+
+    ids: list[int]
+    layers: list[tuple[Any, Any]]
+    used: int = 0
+
+
+class TurnCache:
+    """Each sequence's KV cache from one :func:`generate_ids` call, for the next: an agent's next prompt is its
+    last one plus the reply and a tool result, and reads only those. Kept sequences that the next call does not
+    continue are dropped then (their episode ended), so it holds at most one call's rows: a caller bounds
+    its memory by the prompts it passes per call."""
+
+    def __init__(self) -> None:
+        self._kept: list[_Kept] = []
+
+    def start(self) -> _Previous:
+        """The previous call's sequences, handed to this call (which keeps its own from now on)."""
+        previous, self._kept = _Previous(self._kept), []
+        return previous
+
+    def keep(self, layout: _Layout, prompts: list[list[int]], generated: list[list[int]], stops: set[int]) -> None:
+        """Each row's prompt and reply (up to its first stop token) with their keys and values, out of the batch's
+        cache; the batch cache is emptied layer by layer as it is read."""
+        import torch
+
+        cache = layout.cache
+        if not cache.layers or any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
+            return  # sliding-window or other layers: not kept (their length is not the sequence's)
+        length = cache.layers[0].keys.shape[-2]
+        spans = []
+        for n, t, prompt, new in zip(layout.heads, layout.tails, prompts, generated, strict=True):
+            reply = next((i + 1 for i, token in enumerate(new) if token in stops), len(new))
+            reply = min(reply, length - layout.width)  # the last new token was never read back
+            index = [*range(layout.head - n, layout.head), *range(layout.width - t, layout.width + reply)]
+            spans.append((prompt + new[:reply], torch.tensor(index, device=cache.layers[0].keys.device)))
+        kept = [_Kept(ids, []) for ids, _ in spans]
+        for layer in cache.layers:
+            for row, (_, index) in enumerate(spans):
+                kept[row].layers.append((layer.keys[row:row + 1, :, index].clone(),
+                                         layer.values[row:row + 1, :, index].clone()))
+            layer.keys = layer.values = None
+        self._kept.extend(kept)
+
+
+class _Previous:
+    """The previous call's kept sequences, matched to this call's prompts by their longest common prefix."""
+
+    def __init__(self, kept: list[_Kept]) -> None:
+        self.kept = kept
+
+    def heads(self, prompts: list[list[int]]) -> list[_Kept | None] | None:
+        """Per prompt, the kept sequence it continues furthest (reusing all but at least its last token), or None;
+        None when no prompt continues one. The matched sequences leave the pool."""
+        heads: list[_Kept | None] = []
+        for prompt in prompts:
+            best, used = None, 0
+            for kept in self.kept:
+                n = min(len(os.path.commonprefix([kept.ids, prompt])), len(prompt) - 1)
+                if n > used:
+                    best, used = kept, n
+            heads.append(None if best is None else _Kept(best.ids, best.layers, used))
+        matched = {id(h.layers) for h in heads if h is not None}
+        self.kept = [k for k in self.kept if id(k.layers) not in matched]
+        return heads if matched else None
 
 
 def _eager(model: Any) -> bool:
