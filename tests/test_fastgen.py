@@ -4,7 +4,7 @@ explicit recipe choice is kept, and that the faster model computes what the slow
 import pytest
 import torch
 
-from rlkit.inference.fastgen import cpu_has_native_bf16, for_generation
+from rlkit.inference.fastgen import EAGER_GQA, SDPA_GQA, cpu_has_native_bf16, for_generation
 
 PROMPTS = ["What is 12 + 30?", "Name a colour.", "Tom has 3 apples and buys 4 more. How many now?",
            "Write one word."]
@@ -86,6 +86,29 @@ def test_bf16_gets_eager_attention_and_a_static_cache_that_change_nothing_but_sp
     assert eager_top1 > 0.98
 
 
+def test_grouped_query_heads_are_left_to_torch_and_change_no_number(smollm2_dir, tok):
+    """SmolLM2's 9 query heads share 3 key/value heads. transformers copies each key/value head three times before
+    CPU SDPA whenever a padded batch has a mask; rlkit's attention hands the grouping to torch (``enable_gqa``). In
+    float32 the prompt's logits and the greedy tokens of a padded batch are those of transformers' SDPA."""
+    batch = _batch(tok)
+    stock = _model(smollm2_dir, torch.float32)
+    fast = for_generation(_model(smollm2_dir, torch.float32), "float32")
+    assert fast.config._attn_implementation == SDPA_GQA and stock.config._attn_implementation == "sdpa"
+    assert not batch["attention_mask"].all()  # padded: the masked path, where the copies were made
+    with torch.inference_mode():
+        keep = batch["attention_mask"].bool()
+        assert (fast(**batch).logits - stock(**batch).logits)[keep].abs().max() < 1e-4
+    assert torch.equal(_greedy(fast, tok, batch), _greedy(stock, tok, batch))
+    stock.set_attn_implementation("eager")  # a recipe's explicit eager: the same, grouped
+    eager = _model(smollm2_dir, torch.float32)
+    eager.set_attn_implementation("eager")  # as the model loads with `model.attn_implementation: eager`
+    fast = for_generation(eager, "float32", "eager")
+    assert fast.config._attn_implementation == EAGER_GQA
+    with torch.inference_mode():
+        assert (fast(**batch).logits - stock(**batch).logits)[keep].abs().max() < 1e-4
+    assert torch.equal(_greedy(fast, tok, batch), _greedy(stock, tok, batch))
+
+
 def test_an_explicit_attention_choice_is_kept(smollm2_dir):
     model = for_generation(_model(smollm2_dir, torch.bfloat16), "bfloat16", "sdpa")
     assert model.config._attn_implementation == "sdpa"
@@ -103,7 +126,7 @@ def test_an_explicit_fp32_is_kept_and_the_adapter_is_folded_in(smollm2_dir, tok)
             base_logits = peft(**batch).logits
     merged = for_generation(peft, "float32")
     assert not hasattr(merged, "peft_config")
-    assert merged.dtype == torch.float32 and merged.config._attn_implementation == "sdpa"
+    assert merged.dtype == torch.float32 and merged.config._attn_implementation == SDPA_GQA
     with torch.inference_mode():
         merged_logits = merged(**batch).logits
     keep = batch["attention_mask"].bool()

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.inference.fastgen import length_order
+from rlkit.inference.fastgen import EAGER_GQA, length_order
 
 # ``on_batch(first_prompt_index, completions, cut)``: a batch of replies in prompt order, as it ends, and which of
 # them the token limit cut (every completer of :mod:`rlkit.evaluate.served` hands its batches on this way).
@@ -151,12 +151,12 @@ def shared_prefix(prompts: Sequence[list[int]]) -> int:
 
 @dataclass
 class _Layout:
-    """A batch read as ``[pad][head][pad][tail]`` then the new tokens: each row's head is either the prefix every
-    prompt shares (run once) or what a :class:`TurnCache` kept of it; ``width`` is where the new tokens start."""
+    """Where each row's prompt sits in a batch of ``width`` columns, the new tokens after it: ``heads[i]`` tokens
+    ending at column ``head``, then ``tails[i]`` tokens ending at ``width`` (the rest is masked padding)."""
 
-    heads: list[int]  # each row's head length
-    tails: list[int]  # each row's tail length
-    head: int  # the longest head: the tails start here
+    heads: list[int]
+    tails: list[int]
+    head: int
     width: int
     cache: Any  # the batch's DynamicCache after generation
 
@@ -164,61 +164,72 @@ class _Layout:
 def _generate_cached(model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int,
                      temperature: float | None, k: int, *, shared: int, heads: list[Any] | None,
                      sdpa_prefill: bool) -> tuple[Any, _Layout]:
-    """``generate`` from a KV cache rlkit fills itself. Its head: the first ``shared`` tokens, the same in every
-    prompt, run once at batch size 1 and their cache copied to every row; or each row's own ``heads[i]`` (a
-    :class:`_Kept` of the turn cache, or None). Rows are ``[pad][head][pad][tail]`` (masked; positions from the
-    mask, so a tail continues right after its head whatever the padding). With ``sdpa_prefill`` every prompt
-    token but the last is read with SDPA attention into the cache, and ``generate`` decodes with the model's own.
-    Returns (sequences, layout); rows are prompt by prompt, ``k`` per prompt, like ``num_return_sequences``."""
+    """``generate`` from a KV cache rlkit fills itself, so that no row reads what is already known:
+
+    - ``heads`` (from a :class:`TurnCache`, None where a row continues nothing): a plain left-padded batch whose
+      first columns, up to where the row with the most new tokens starts, come from each row's kept cache; a
+      row that kept more reads a few of its kept tokens again, and no row is padded more than in a plain batch;
+    - else the first ``shared`` tokens, the same in every prompt, run once at batch size 1 and their cache is
+      copied to every row; rows are ``[prefix][pad][tail]`` (masked; positions from the mask, so a tail
+      continues right after the prefix whatever its padding).
+
+    With ``sdpa_prefill`` every prompt token but the last is read with SDPA attention into the cache, and
+    ``generate`` decodes with the model's own. Returns (sequences, layout); rows are prompt by prompt, ``k`` per
+    prompt, like ``num_return_sequences``."""
     import torch
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(k)]
-    own = [h for h in heads for _ in range(k)] if heads else [None] * len(rows)
-    lengths = [h.used if h is not None else shared for h in own]
-    head = max(lengths)
-    tails = [p[n:] for p, n in zip(rows, lengths, strict=True)]
-    width = max(map(len, tails))
     pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (head - n) + p[:n] + [pad] * (width - len(t)) + t
-                        for p, n, t in zip(rows, lengths, tails, strict=True)], device=device)
-    mask = torch.tensor([[0] * (head - n) + [1] * n + [0] * (width - len(t)) + [1] * len(t)
-                         for n, t in zip(lengths, tails, strict=True)], device=device)
-    # Positions count real tokens only, so a tail continues right after its head whatever its padding.
+    if heads:
+        width = max(map(len, rows))
+        cached = width - max(len(p) - (h.used if h else 0) for p, h in zip(rows, heads, strict=True))
+        layout = _Layout([0] * len(rows), [len(p) for p in rows], 0, width, None)
+    else:
+        tails = [p[shared:] for p in rows]
+        cached, width = shared, shared + max(map(len, tails))
+        layout = _Layout([shared] * len(rows), [len(t) for t in tails], shared, width, None)
+    ids = torch.tensor([[pad] * (layout.head - n) + p[:n] + [pad] * (width - layout.head - t) + p[n:]
+                        for p, n, t in zip(rows, layout.heads, layout.tails, strict=True)], device=device)
+    mask = torch.tensor([[0] * (layout.head - n) + [1] * n + [0] * (width - layout.head - t) + [1] * t
+                         for n, t in zip(layout.heads, layout.tails, strict=True)], device=device)
+    # Positions count real tokens only, so a tail continues right after its prefix whatever the padding.
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     with _attention(model, "sdpa" if sdpa_prefill else None):
-        if shared:
+        if heads and cached:
+            for layer, (keys, values) in enumerate(_stacked(heads, [cached - (width - len(p)) for p in rows],
+                                                            cached)):
+                cache.update(keys, values, layer)
+        elif shared:
             model(input_ids=ids[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache.batch_repeat_interleave(len(rows))
-        elif heads and head:
-            for layer, (keys, values) in enumerate(_stacked(own, head)):
-                cache.update(keys, values, layer)
-        if sdpa_prefill and width > 1:  # all but the last token: generate needs one to start from
-            model(input_ids=ids[:, head:-1], attention_mask=mask[:, :-1], position_ids=positions[:, head:-1],
+        if sdpa_prefill and width - cached > 1:  # all but the last token: generate needs one to start from
+            model(input_ids=ids[:, cached:-1], attention_mask=mask[:, :-1], position_ids=positions[:, cached:-1],
                   past_key_values=cache, use_cache=True, logits_to_keep=1)
     # A cache object and a cache_implementation (fastgen's static cache) cannot both be given to generate.
     out = model.generate(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          cache_implementation=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
                          **sampling_kwargs(temperature, 1))
-    return out, _Layout(lengths, [len(t) for t in tails], head, head + width, cache)
+    layout.cache = cache
+    return out, layout
 
 
-def _stacked(heads: list[Any], head: int) -> Iterator[tuple[Any, Any]]:
-    """Per layer, the rows' kept keys and values left-padded to ``head`` tokens (zeros: masked), one batch; each
-    kept layer is let go once copied, so the kept caches and the batch's are not both held whole."""
+def _stacked(heads: list[Any], counts: list[int], columns: int) -> Iterator[tuple[Any, Any]]:
+    """Per layer, each row's first ``counts[i]`` kept keys and values ending at column ``columns`` (zeros before:
+    masked), one batch; each kept layer is let go once copied, so the kept caches and the batch's are not both
+    held whole."""
     import torch
 
     kept = [h for h in heads if h is not None]
     for layer in range(len(kept[0].layers)):
         some = kept[0].layers[layer][0]
-        keys, values = (torch.zeros((len(heads), some.shape[1], head, some.shape[3]), dtype=some.dtype,
+        keys, values = (torch.zeros((len(heads), some.shape[1], columns, some.shape[3]), dtype=some.dtype,
                                     device=some.device) for _ in range(2))
-        for row, h in enumerate(heads):
-            if h is not None and h.used:
-                keys[row, :, head - h.used:], values[row, :, head - h.used:] = (t[0, :, :h.used]
-                                                                                for t in h.layers[layer])
+        for row, (h, n) in enumerate(zip(heads, counts, strict=True)):
+            if n > 0:
+                keys[row, :, columns - n:], values[row, :, columns - n:] = (t[0, :, :n] for t in h.layers[layer])
         for h in kept:
             h.layers[layer] = None
         yield keys, values
@@ -295,7 +306,7 @@ class _Previous:
 
 
 def _eager(model: Any) -> bool:
-    return getattr(model.config, "_attn_implementation", None) == "eager"
+    return getattr(model.config, "_attn_implementation", None) in ("eager", EAGER_GQA)
 
 
 @contextmanager
