@@ -104,7 +104,7 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
         for start in range(0, len(prompts), batch_size):
             chosen = [prompts[i] for i in order[start:start + batch_size]]
             started = time.time()
-            heads = kept.heads(chosen) if kept is not None else None
+            heads = _continued(kept, chosen) if kept is not None else None
             shared = shared_prefix(chosen)
             if shared < SHARED_PREFIX_MIN or len(chosen) * k == 1 or heads:
                 shared = 0
@@ -158,7 +158,7 @@ class _Layout:
     tails: list[int]
     head: int
     width: int
-    cache: Any  # the batch's DynamicCache after generation
+    cache: Any = None  # the batch's DynamicCache after generation
 
 
 def _generate_cached(model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int,
@@ -185,11 +185,11 @@ def _generate_cached(model: Any, tokenizer: Any, prompts: list[list[int]], max_n
     if heads:
         width = max(map(len, rows))
         cached = width - max(len(p) - (h.used if h else 0) for p, h in zip(rows, heads, strict=True))
-        layout = _Layout([0] * len(rows), [len(p) for p in rows], 0, width, None)
+        layout = _Layout([0] * len(rows), [len(p) for p in rows], 0, width)
     else:
         tails = [p[shared:] for p in rows]
         cached, width = shared, shared + max(map(len, tails))
-        layout = _Layout([shared] * len(rows), [len(t) for t in tails], shared, width, None)
+        layout = _Layout([shared] * len(rows), [len(t) for t in tails], shared, width)
     ids = torch.tensor([[pad] * (layout.head - n) + p[:n] + [pad] * (width - layout.head - t) + p[n:]
                         for p, n, t in zip(rows, layout.heads, layout.tails, strict=True)], device=device)
     mask = torch.tensor([[0] * (layout.head - n) + [1] * n + [0] * (width - layout.head - t) + [1] * t
@@ -254,9 +254,9 @@ class TurnCache:
     def __init__(self) -> None:
         self._kept: list[_Kept] = []
 
-    def start(self) -> _Previous:
+    def start(self) -> list[_Kept]:
         """The previous call's sequences, handed to this call (which keeps its own from now on)."""
-        previous, self._kept = _Previous(self._kept), []
+        previous, self._kept = self._kept, []
         return previous
 
     def keep(self, layout: _Layout, prompts: list[list[int]], generated: list[list[int]], stops: set[int]) -> None:
@@ -265,8 +265,9 @@ class TurnCache:
         import torch
 
         cache = layout.cache
-        if not cache.layers or any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
-            return  # sliding-window or other layers: not kept (their length is not the sequence's)
+        if not cache.layers or any(type(layer).__name__ != "DynamicLayer" or layer.keys is None or
+                                   layer.keys.shape[-2] < layout.width for layer in cache.layers):
+            return  # sliding-window layers, or a cache that does not hold the batch: nothing kept
         length = cache.layers[0].keys.shape[-2]
         spans = []
         for n, t, prompt, new in zip(layout.heads, layout.tails, prompts, generated, strict=True):
@@ -283,26 +284,20 @@ class TurnCache:
         self._kept.extend(kept)
 
 
-class _Previous:
-    """The previous call's kept sequences, matched to this call's prompts by their longest common prefix."""
-
-    def __init__(self, kept: list[_Kept]) -> None:
-        self.kept = kept
-
-    def heads(self, prompts: list[list[int]]) -> list[_Kept | None] | None:
-        """Per prompt, the kept sequence it continues furthest (reusing all but at least its last token), or None;
-        None when no prompt continues one. The matched sequences leave the pool."""
-        heads: list[_Kept | None] = []
-        for prompt in prompts:
-            best, used = None, 0
-            for kept in self.kept:
-                n = min(len(os.path.commonprefix([kept.ids, prompt])), len(prompt) - 1)
-                if n > used:
-                    best, used = kept, n
-            heads.append(None if best is None else _Kept(best.ids, best.layers, used))
-        matched = {id(h.layers) for h in heads if h is not None}
-        self.kept = [k for k in self.kept if id(k.layers) not in matched]
-        return heads if matched else None
+def _continued(pool: list[_Kept], prompts: list[list[int]]) -> list[_Kept | None] | None:
+    """Per prompt, the kept sequence of ``pool`` it continues furthest (reusing all but at least its last token), or
+    None; None when no prompt continues one. The matched sequences leave ``pool``."""
+    heads: list[_Kept | None] = []
+    for prompt in prompts:
+        best, used = None, 0
+        for kept in pool:
+            n = min(len(os.path.commonprefix([kept.ids, prompt])), len(prompt) - 1)
+            if n > used:
+                best, used = kept, n
+        heads.append(None if best is None else _Kept(best.ids, best.layers, used))
+    matched = {id(h.layers) for h in heads if h is not None}
+    pool[:] = [k for k in pool if id(k.layers) not in matched]
+    return heads if matched else None
 
 
 def _eager(model: Any) -> bool:
