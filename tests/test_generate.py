@@ -40,6 +40,19 @@ def _tiny():
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 
+def _input_shapes(monkeypatch, model):
+    """The list every forward of ``model`` appends its input_ids' shape to."""
+    shapes = []
+    forward = model.forward
+
+    def counted(*args, **kw):
+        shapes.append(tuple(kw["input_ids"].shape))
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(model, "forward", counted)
+    return shapes
+
+
 @pytest.mark.parametrize("prefix", [[], list(range(20, 100))], ids=["plain batch", "shared prefix"])
 def test_cut_marks_exactly_the_replies_the_token_limit_ended(prefix):
     """A reply is cut when it reaches max_new_tokens without a stop token; one that stops, even on its last allowed
@@ -79,14 +92,7 @@ def test_a_shared_prefix_runs_once_and_changes_no_token(smollm2_dir, monkeypatch
     assert n >= gen.SHARED_PREFIX_MIN and gen.shared_prefix([[1, 2], [1, 2]]) == 1
     kwargs = dict(max_new_tokens=12, batch_size=4)
 
-    shapes = []
-    forward = model.forward
-
-    def counted(*args, **kw):
-        shapes.append(tuple(kw["input_ids"].shape))
-        return forward(*args, **kw)
-
-    monkeypatch.setattr(model, "forward", counted)
+    shapes = _input_shapes(monkeypatch, model)
     shared = gen.generate_ids(model, tok, prompts, **kwargs)
     longest = max(map(len, prompts))
     assert shapes[:2] == [(1, n), (4, longest - n)]  # the prefix once, then only the tails
@@ -129,14 +135,7 @@ def test_a_turn_cache_reads_only_each_conversations_new_tokens_and_changes_no_to
     if eager:
         model.set_attn_implementation("eager")
         monkeypatch.setattr(gen, "SDPA_PREFILL_MIN", 8)
-    shapes = []
-    forward = model.forward
-
-    def counted(*args, **kw):
-        shapes.append(tuple(kw["input_ids"].shape))
-        return forward(*args, **kw)
-
-    monkeypatch.setattr(model, "forward", counted)
+    shapes = _input_shapes(monkeypatch, model)
     first = [[400 + i, *range(20, 20 + n)] for i, n in enumerate((30, 12, 21))]
     cache = gen.TurnCache()
     kwargs = dict(max_new_tokens=6, batch_size=4)

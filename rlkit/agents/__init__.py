@@ -3,8 +3,9 @@
 The environment classes are the ones GRPO trains with (``rlkit.envs``), so an episode sees the same
 tools, tool results and errors as training. Three policies produce the assistant turns:
 
-- :class:`rlkit.agents.hf.HFPolicy`: a local model (base, adapter or merged) through transformers; every
-  live episode's next turn is generated in one batch.
+- :class:`rlkit.agents.hf.HFPolicy`: a local model (base, adapter or merged) through transformers; the live
+  episodes' next turns are generated in batches (on CPU, episodes of one batch play together to their end,
+  each turn reading only what grew its conversation).
 - :class:`rlkit.agents.vllm.VLLMPolicy`: vLLM's offline engine on a GPU (a LoRA adapter is served with
   ``LoRARequest``).
 - :class:`rlkit.agents.endpoint.EndpointPolicy`: any OpenAI-compatible chat-completions server (a teacher

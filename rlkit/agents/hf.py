@@ -1,4 +1,4 @@
-"""A local transformers model as an agent policy; the next turn of every live episode in one batch."""
+"""A local transformers model as an agent policy; the live episodes' next turns in batches."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from rlkit.inference.generate import TurnCache, generate_ids, render, stop_ids, 
 
 
 class HFPolicy:
-    """A local transformers model; generates the next turn of many episodes in one batch. Episodes play in waves of
-    ``batch_size`` (``wave``), each episode's KV cache kept from turn to turn (:class:`TurnCache`): a turn reads
-    only the reply and tool result that grew its conversation, and the kept caches are one batch's."""
+    """A local transformers model; generates the next turn of many episodes in one batch. On CPU, episodes play in
+    waves of ``batch_size`` (``wave``), each episode's KV cache kept from turn to turn (:class:`TurnCache`): a turn
+    reads only the reply and tool result that grew its conversation, and the kept caches are one batch's. On a
+    GPU (measured only on CPU) every live episode's turn is batched and read whole, as before."""
 
     concurrent = False
 
@@ -24,7 +25,8 @@ class HFPolicy:
         self.temperature, self.batch_size = temperature, batch_size
         require_response_parser(tokenizer)
         self.template = training_template(tokenizer)
-        self.wave, self.turns = batch_size, TurnCache()
+        cpu = next(model.parameters()).device.type == "cpu"
+        self.wave, self.turns = (batch_size, TurnCache()) if cpu else (None, None)
 
     def generate(self, conversations: Sequence[list[dict[str, Any]]], tools: list[dict]) -> list[Turn]:
         tok = self.tokenizer

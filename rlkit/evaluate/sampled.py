@@ -7,7 +7,7 @@ not), each with its 95% interval over problems (:mod:`rlkit.stats`).
 Batched: a plain task's K samples of a prompt come from one ``generate`` call
 (``num_return_sequences=K``, the prompt's prefix computed once), with ``eval.batch_size // K`` prompts
 per batch so a batch holds as many rows as a greedy one. A tool agent plays K copies of each episode,
-and the local policy batches every live episode's turn, so K episodes cost about one batched pass per
+and the local policy batches the live episodes' turns, so K episodes cost about one batched pass per
 turn, not K. Sampling is plain (no top-k/top-p) at ``T`` (default 1.0) and seeded (torch seed 0) so a
 rerun draws the same samples. Each problem's samples are appended to ``<results>.samples.jsonl``.
 """

@@ -45,7 +45,7 @@ def for_generation(model: Any, dtype_setting: str = "auto", attn_setting: str | 
     """The model as rlkit generates with it on this machine; may return a different object (merged).
 
     ``dtype_setting`` and ``attn_setting`` are the recipe's ``model.dtype`` and ``model.attn_implementation``:
-    an explicit choice is kept.
+    an explicit choice is kept (an explicit ``eager`` in float32 runs as :func:`eager_gqa`: the same numbers).
     """
     import torch
 

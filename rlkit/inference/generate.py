@@ -18,7 +18,8 @@ prompts of 800-1,200 tokens).
 
 An agent's conversation grows turn by turn: its next prompt is this one, the reply and a tool result. A
 :class:`TurnCache` keeps each row's KV cache (prompt and reply) from one call to the next; a prompt that
-continues a kept row reads only its new tail (``[pad][kept][pad][tail]``, the same masking and positions).
+continues a kept row reads only its new tail (a plain left-padded batch whose first columns come from the kept
+caches).
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
             chosen = [prompts[i] for i in order[start:start + batch_size]]
             started = time.time()
             heads = _continued(kept, chosen) if kept is not None else None
+            if kept is not None and start + batch_size >= len(prompts):
+                kept.clear()  # what no prompt continues (episodes that ended) is not held while generating
             shared = shared_prefix(chosen)
             if shared < SHARED_PREFIX_MIN or len(chosen) * k == 1 or heads:
                 shared = 0
@@ -126,6 +129,7 @@ def generate_ids(model: Any, tokenizer: Any, prompts: Sequence[list[int]], *, ma
                            for j, row in enumerate(out.tolist())]
             if turn_cache is not None:
                 turn_cache.keep(layout, chosen, [g.ids for g in generations], stops)
+            out = layout = None  # this batch's cache is not held while the next one generates
             done.extend(generations)
             if on_batch is not None:
                 on_batch(start, generations)
@@ -224,9 +228,8 @@ def _stacked(heads: list[Any], counts: list[int], columns: int) -> Iterator[tupl
 
     kept = [h for h in heads if h is not None]
     for layer in range(len(kept[0].layers)):
-        some = kept[0].layers[layer][0]
         keys, values = (torch.zeros((len(heads), some.shape[1], columns, some.shape[3]), dtype=some.dtype,
-                                    device=some.device) for _ in range(2))
+                                    device=some.device) for some in kept[0].layers[layer])
         for row, (h, n) in enumerate(zip(heads, counts, strict=True)):
             if n > 0:
                 keys[row, :, columns - n:], values[row, :, columns - n:] = (t[0, :, :n] for t in h.layers[layer])
@@ -278,8 +281,7 @@ class TurnCache:
         kept = [_Kept(ids, []) for ids, _ in spans]
         for layer in cache.layers:
             for row, (_, index) in enumerate(spans):
-                kept[row].layers.append((layer.keys[row:row + 1, :, index].clone(),
-                                         layer.values[row:row + 1, :, index].clone()))
+                kept[row].layers.append((layer.keys[row:row + 1, :, index], layer.values[row:row + 1, :, index]))
             layer.keys = layer.values = None
         self._kept.extend(kept)
 
