@@ -89,7 +89,7 @@ def sdpa_gqa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     q_length, kv_length = query.shape[2], key.shape[2]
-    if attention_mask is None and q_length > 1 and q_length != kv_length or kwargs.get("position_bias") is not None:
+    if (attention_mask is None and 1 < q_length != kv_length) or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal = q_length > 1 and attention_mask is None and (getattr(module, "is_causal", True) if is_causal is None
