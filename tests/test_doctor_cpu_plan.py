@@ -3,7 +3,7 @@ recipes end to end, the loss forward/backward term shape by shape, and what grad
 
 import pytest
 
-from rlkit.demos.search import FLOAT32_GRPO, GRPO, grpo_settings
+from rlkit.demos.search import FLOAT32_ATTENTION, FLOAT32_GRPO, GRPO, float32_settings, grpo_settings
 from rlkit.doctor import run
 from rlkit.recipe import recipes_dir
 
@@ -80,6 +80,23 @@ def test_search_demo_in_float32_takes_the_same_step_four_completions_at_a_time_u
     plans = [cpu_plan("smol_search_grpo", s)["total"] for s in (["model.dtype=float32"], float32)]
     assert plans[0] > 4.0 > 3.2 > plans[1]
 
+
+
+def test_search_demo_in_float32_attends_with_transformers_default_unless_the_user_chose(monkeypatch):
+    """The recipe's eager attention is its bf16 choice; in float32 the search demo's stages take transformers' default
+    (SDPA, grouped in rlkit's generation), unless the user's own --set names model.attn_implementation."""
+    from rlkit.recipe import load_recipe
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    recipe = recipes_dir() / GRPO
+    assert load_recipe(recipe).model.attn_implementation == "eager"
+    float32 = float32_settings(recipe, ["model.dtype=float32"], FLOAT32_ATTENTION)
+    assert float32 == ["model.attn_implementation=null", "model.dtype=float32"]
+    assert load_recipe(recipe, float32).model.attn_implementation is None
+    assert float32_settings(recipe, ["trainer.seed=1"], FLOAT32_ATTENTION) == ["trainer.seed=1"]  # bf16: as shipped
+    for mine in (["model.dtype=float32", "model.attn_implementation=eager"],
+                 ["model.attn_implementation=sdpa", "model.dtype=auto"]):
+        assert float32_settings(recipe, mine, FLOAT32_ATTENTION) == mine
 
 # smol_arith_grpo with and without gradient checkpointing, peak RSS (GB), at git 3ab347c: MEASURED's arith and
 # `bench/grpo_step.py --one arith trainer.max_steps=2 trainer.gradient_checkpointing=false` (4.61, 5.33 per step);

@@ -45,6 +45,11 @@ STAGE_COLUMNS = ("base", "after SFT", "after GRPO", "SFT continued")
 # same 2 prompts x 4 generated together and one optimizer step, no slower (8 min 54 s against 10 min 10 s; oneDNN
 # held to AVX2, bench/results/grpo_step_history.md).
 FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2"]
+# The recipes' eager attention is for bf16 (decoding, on CPU). In float32 transformers' default (SDPA; rlkit
+# generates with its grouped-query form) is faster over these long rows, with the same numbers: from the SFT agent
+# (e00bf11d, AMD EPYC, 2 idle cores) 2 GRPO steps 659 -> 576 s, the same samples and losses; the held-out eval 337
+# -> 289 s, the same 100 trajectories (docs/performance.md). Every stage takes it, the HotpotQA eval too.
+FLOAT32_ATTENTION = ["model.attn_implementation=null"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
 
@@ -96,7 +101,7 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
     console = Console()
     sft_recipe, grpo_recipe = recipes_dir() / SFT, recipes_dir() / GRPO
-    overrides = machine_overrides(console) + list(overrides or [])
+    overrides = float32_settings(grpo_recipe, machine_overrides(console) + list(overrides or []), FLOAT32_ATTENTION)
     output_dir = Path(output_dir)
     teacher = output_dir / "teacher" / "sft_rows.jsonl"
     sft_set = overrides + [f"data.train.path={json.dumps(str(teacher))}"]
@@ -164,16 +169,22 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
 
 def grpo_settings(recipe: Path, overrides: list[str]) -> list[str]:
-    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` first where the model trains in float32
-    (:func:`rlkit.backends.hf.torch_dtype`) and the overrides set neither of its keys (a user's batch wins)."""
+    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` first in float32 (a user's batch wins)."""
+    return float32_settings(recipe, overrides, FLOAT32_GRPO)
+
+
+def float32_settings(recipe: Path, overrides: list[str], settings: list[str]) -> list[str]:
+    """``settings`` first where the model trains in float32 (:func:`rlkit.backends.hf.torch_dtype`) and
+    ``overrides`` set none of their keys (the user's own choice wins), then ``overrides``."""
     import torch
 
     from rlkit.backends.hf import torch_dtype
     from rlkit.recipe import apply_overrides, load_recipe
 
     float32 = torch_dtype(load_recipe(recipe, overrides).model.dtype) == torch.float32
-    mine = (apply_overrides({}, overrides).get("trainer") or {}).keys() & apply_overrides({}, FLOAT32_GRPO)["trainer"]
-    return (FLOAT32_GRPO if float32 and not mine else []) + overrides
+    theirs, ours = apply_overrides({}, overrides), apply_overrides({}, settings)
+    mine = any(key in (theirs.get(section) or {}) for section, keys in ours.items() for key in keys)
+    return (settings if float32 and not mine else []) + overrides
 
 
 def _evaluate_sets(sets: list[tuple[str, str, list[str]]], tag: str, model: str | None, *, recipe: Path,
