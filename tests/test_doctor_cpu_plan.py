@@ -81,7 +81,6 @@ def test_search_demo_in_float32_takes_the_same_step_four_completions_at_a_time_u
     assert plans[0] > 4.0 > 3.2 > plans[1]
 
 
-
 def test_search_demo_in_float32_attends_with_transformers_default_unless_the_user_chose(monkeypatch):
     """The recipe's eager attention is its bf16 choice; in float32 the search demo's stages take transformers' default
     (SDPA, grouped in rlkit's generation), unless the user's own --set names model.attn_implementation."""
@@ -97,6 +96,7 @@ def test_search_demo_in_float32_attends_with_transformers_default_unless_the_use
     for mine in (["model.dtype=float32", "model.attn_implementation=eager"],
                  ["model.attn_implementation=sdpa", "model.dtype=auto"]):
         assert float32_settings(recipe, mine, FLOAT32_ATTENTION) == mine
+
 
 # smol_arith_grpo with and without gradient checkpointing, peak RSS (GB), at git 3ab347c: MEASURED's arith and
 # `bench/grpo_step.py --one arith trainer.max_steps=2 trainer.gradient_checkpointing=false` (4.61, 5.33 per step);

@@ -33,8 +33,8 @@ TEACHER_QUESTIONS = 128
 SETS = [("held-out questions, training wording", "heldout", []),
         ("new wording (question shapes never trained on)", "newwording",
          ["data.eval.generator.wording=other", "data.eval.seed=777"])]
-# The smol model on HotpotQA through the BYOD recipe: its model (eager attention, as the search recipe decodes:
-# 4.67 -> 4.37 GB alone, the same F1), tool budget and generation length.
+# The smol model on HotpotQA through the BYOD recipe: its model (eager attention, in float32 too: FLOAT32_ATTENTION
+# does not reach it; against SDPA 4.67 -> 4.37 GB alone, the same F1), tool budget and generation length.
 _SMOL_ON_BYOD = ["model.name_or_path=rlkit/smollm2-135m-instruct", "model.backend=hf", "model.load_in_4bit=false",
                  "model.dtype=bfloat16", "model.attn_implementation=eager", "model.max_seq_length=1536",
                  "env.max_turns=3", "retrieval.top_k=1", "eval.max_new_tokens=64", "eval.batch_size=16"]
@@ -45,10 +45,11 @@ STAGE_COLUMNS = ("base", "after SFT", "after GRPO", "SFT continued")
 # same 2 prompts x 4 generated together and one optimizer step, no slower (8 min 54 s against 10 min 10 s; oneDNN
 # held to AVX2, bench/results/grpo_step_history.md).
 FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2"]
-# The recipes' eager attention is for bf16 (decoding, on CPU). In float32 transformers' default (SDPA; rlkit
-# generates with its grouped-query form) is faster over these long rows, with the same numbers: from the SFT agent
-# (e00bf11d, AMD EPYC, 2 idle cores) 2 GRPO steps 659 -> 576 s, the same samples and losses; the held-out eval 337
-# -> 289 s, the same 100 trajectories (docs/performance.md). Every stage takes it, the HotpotQA eval too.
+# The recipes' eager attention is for bf16 (decoding, on CPU). In float32 transformers' default (SDPA; the demo's
+# evals generate with rlkit's grouped-query form) is faster over these long rows: from the SFT agent (e00bf11d, AMD
+# EPYC, 2 idle cores) 2 GRPO steps 659 -> 576 s with the same logged losses and samples, the held-out eval 337 -> 289 s
+# with the same 100 trajectories (docs/performance.md). GRPO, the evals and the IFEval check take it (SFT and the
+# control have no attention setting); the HotpotQA eval keeps eager, whose memory was measured there.
 FLOAT32_ATTENTION = ["model.attn_implementation=null"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
@@ -115,7 +116,8 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     sets = SETS + ([("HotpotQA closed set (real questions, transfer only)", "hotpotqa",
                      [f"retrieval.corpus={json.dumps(str(byod / 'corpus.json'))}",
                       f"data.eval.path={json.dumps(str(byod / 'all.jsonl'))}"])] if byod else [])
-    byod_set = _SMOL_ON_BYOD + [o for o in overrides if o.startswith(("model.", "eval."))]
+    byod_set = _SMOL_ON_BYOD + [o for o in overrides
+                                if o.startswith(("model.", "eval.")) and o not in FLOAT32_ATTENTION]
     stages = Stages(console)
     steps = 9 if control else 7
 
@@ -174,8 +176,8 @@ def grpo_settings(recipe: Path, overrides: list[str]) -> list[str]:
 
 
 def float32_settings(recipe: Path, overrides: list[str], settings: list[str]) -> list[str]:
-    """``settings`` first where the model trains in float32 (:func:`rlkit.backends.hf.torch_dtype`) and
-    ``overrides`` set none of their keys (the user's own choice wins), then ``overrides``."""
+    """``settings`` (each ``section.key=value``) first where the model trains in float32
+    (:func:`rlkit.backends.hf.torch_dtype`) and ``overrides`` set none of their keys (the user's own choice wins)."""
     import torch
 
     from rlkit.backends.hf import torch_dtype
@@ -183,7 +185,8 @@ def float32_settings(recipe: Path, overrides: list[str], settings: list[str]) ->
 
     float32 = torch_dtype(load_recipe(recipe, overrides).model.dtype) == torch.float32
     theirs, ours = apply_overrides({}, overrides), apply_overrides({}, settings)
-    mine = any(key in (theirs.get(section) or {}) for section, keys in ours.items() for key in keys)
+    mine = any(isinstance(theirs.get(section), dict) and key in theirs[section] for section, keys in ours.items()
+               for key in keys)
     return (settings if float32 and not mine else []) + overrides
 
 
