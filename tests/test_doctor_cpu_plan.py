@@ -3,7 +3,7 @@ recipes end to end, the loss forward/backward term shape by shape, and what grad
 
 import pytest
 
-from rlkit.demos.search import FLOAT32_ATTENTION, FLOAT32_GRPO, GRPO, float32_settings, grpo_settings
+from rlkit.demos.search import FLOAT32_ATTENTION, FLOAT32_CACHE, FLOAT32_GRPO, GRPO, float32_settings, grpo_settings
 from rlkit.doctor import run
 from rlkit.recipe import recipes_dir
 
@@ -66,17 +66,23 @@ def test_search_demo_in_float32_takes_the_same_step_four_completions_at_a_time_u
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # model.dtype auto: float32 without a GPU
     recipe = recipes_dir() / GRPO
     float32 = grpo_settings(recipe, ["model.dtype=float32"])
-    assert float32 == [*FLOAT32_GRPO, "model.dtype=float32"]
+    assert float32 == [*FLOAT32_GRPO, *FLOAT32_CACHE, "model.dtype=float32"]
     assert grpo_settings(recipe, ["trainer.seed=1"]) == ["trainer.seed=1"]  # bf16: the recipe as shipped
-    assert grpo_settings(recipe, ["model.dtype=auto"])[:2] == FLOAT32_GRPO  # auto: float32 without a GPU
+    assert grpo_settings(recipe, ["model.dtype=auto"])[:3] == [*FLOAT32_GRPO, *FLOAT32_CACHE]  # float32 without a GPU
     for mine in (["model.dtype=float32", "trainer.per_device_train_batch_size=2"],
                  ["model.dtype=float32", "trainer.gradient_accumulation_steps =3"],
                  ["model.dtype=float32", "trainer={per_device_train_batch_size: 8, num_generations: 4}"]):
-        assert grpo_settings(recipe, mine) == mine  # the user's own batch wins
+        assert grpo_settings(recipe, mine) == [*FLOAT32_CACHE, *mine]  # the user's own batch wins
+    mine = ["model.dtype=float32", "trainer.cache_implementation=static"]
+    assert grpo_settings(recipe, mine) == [*FLOAT32_GRPO, *mine]  # and their own cache
+    # the recipe's static cache (its bf16 choice) in bf16; in float32 transformers' default, a cache that grows
+    assert [load_recipe(recipe, s).trainer["cache_implementation"] for s in ([], float32, mine)] == [
+        "static", None, "static"]
     steps = [trainer_config(load_recipe(recipe, s), str(tmp_path / str(i))) for i, s in enumerate(([], float32))]
     # the same step: 2 prompts x 4 completions generated together, one optimizer step
     assert [(c.generation_batch_size, c.num_generations) for c in steps] == [(8, 4), (8, 4)]
     assert [(c.per_device_train_batch_size, c.gradient_accumulation_steps) for c in steps] == [(8, 1), (4, 2)]
+    assert [c.cache_implementation for c in steps] == ["static", None]  # what TRL's generate is given
     plans = [cpu_plan("smol_search_grpo", s)["total"] for s in (["model.dtype=float32"], float32)]
     assert plans[0] > 4.0 > 3.2 > plans[1]
 

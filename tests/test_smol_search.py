@@ -130,6 +130,7 @@ def test_search_demo_runs_every_stage_and_reports_the_three_models_on_every_set(
     assert (grpo_run["trainer"]["per_device_train_batch_size"], grpo_run["trainer"]["gradient_accumulation_steps"]) == (
         4, 2)  # the demo's float32 GRPO (FLOAT32_GRPO)
     assert grpo_run["model"]["attn_implementation"] is None  # float32: transformers' default, not the recipe's eager
+    assert grpo_run["trainer"]["cache_implementation"] is None  # and its default cache, not the recipe's static
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.json")) == sorted(
         f"{tag}-{slug}.json" for tag in ("base", "sft", "grpo", "control") for slug in slugs)
     assert sorted(p.name for p in (demo / "grpo" / "eval").glob("*.trajectories.jsonl")) == sorted(

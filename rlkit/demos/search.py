@@ -51,6 +51,10 @@ FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accum
 # with the same 100 trajectories (docs/performance.md). GRPO, the evals and the IFEval check take it (SFT and the
 # control have no attention setting); the HotpotQA eval keeps eager, whose memory was measured there.
 FLOAT32_ATTENTION = ["model.attn_implementation=null"]
+# So is the recipe's static cache (bf16, with eager): TRL sizes it for max_completion_length (512) on every turn, and a
+# decoding step attends over all of it. In float32 GRPO generates with transformers' default cache, which grows with
+# what was generated: the same 2 steps from that SFT agent 796 -> 697 s, byte-identical adapters (docs/performance.md).
+FLOAT32_CACHE = ["trainer.cache_implementation=null"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
 
@@ -171,8 +175,9 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
 
 def grpo_settings(recipe: Path, overrides: list[str]) -> list[str]:
-    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` first in float32 (a user's batch wins)."""
-    return float32_settings(recipe, overrides, FLOAT32_GRPO)
+    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` and :data:`FLOAT32_CACHE` first in float32 (a user's batch,
+    or cache, wins)."""
+    return float32_settings(recipe, float32_settings(recipe, overrides, FLOAT32_CACHE), FLOAT32_GRPO)
 
 
 def float32_settings(recipe: Path, overrides: list[str], settings: list[str]) -> list[str]:
