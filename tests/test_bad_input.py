@@ -176,6 +176,9 @@ MATRIX = [
     ("calc demo with a GRPO-only --set", ["demo", "--calc", "--output-dir", "{tmp}/calc", "--set",
                                           "trainer.num_generations=2"],
      "smol_calc_sft.yaml: trainer.num_generations: not a SFTConfig field"),
+    ("search demo with a GRPO-only --set", ["demo", "--search", "--output-dir", "{tmp}/search", "--set",
+                                            "trainer.cache_implementation=static"],
+     "smol_search_sft.yaml: trainer.cache_implementation: not a SFTConfig field"),
 ]
 
 

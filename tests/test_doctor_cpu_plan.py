@@ -68,13 +68,17 @@ def test_search_demo_in_float32_takes_the_same_step_four_completions_at_a_time_u
     float32 = grpo_settings(recipe, ["model.dtype=float32"])
     assert float32 == [*FLOAT32_GRPO, *FLOAT32_CACHE, "model.dtype=float32"]
     assert grpo_settings(recipe, ["trainer.seed=1"]) == ["trainer.seed=1"]  # bf16: the recipe as shipped
-    assert grpo_settings(recipe, ["model.dtype=auto"])[:3] == [*FLOAT32_GRPO, *FLOAT32_CACHE]  # float32 without a GPU
+    assert grpo_settings(recipe, ["model.dtype=auto"]) == [*FLOAT32_GRPO, *FLOAT32_CACHE, "model.dtype=auto"]  # no GPU
     for mine in (["model.dtype=float32", "trainer.per_device_train_batch_size=2"],
                  ["model.dtype=float32", "trainer.gradient_accumulation_steps =3"],
                  ["model.dtype=float32", "trainer={per_device_train_batch_size: 8, num_generations: 4}"]):
         assert grpo_settings(recipe, mine) == [*FLOAT32_CACHE, *mine]  # the user's own batch wins
+    for theirs in (["trainer.cache_implementation=static"], ["trainer={cache_implementation: static}"]):
+        assert grpo_settings(recipe, ["model.dtype=float32", *theirs]) == [*FLOAT32_GRPO, "model.dtype=float32",
+                                                                           *theirs]  # and their own cache
+    both = ["model.dtype=float32", "trainer.gradient_accumulation_steps=1", "trainer.cache_implementation=static"]
+    assert grpo_settings(recipe, both) == both
     mine = ["model.dtype=float32", "trainer.cache_implementation=static"]
-    assert grpo_settings(recipe, mine) == [*FLOAT32_GRPO, *mine]  # and their own cache
     # the recipe's static cache (its bf16 choice) in bf16; in float32 transformers' default, a cache that grows
     assert [load_recipe(recipe, s).trainer["cache_implementation"] for s in ([], float32, mine)] == [
         "static", None, "static"]

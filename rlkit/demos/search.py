@@ -53,7 +53,8 @@ FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accum
 FLOAT32_ATTENTION = ["model.attn_implementation=null"]
 # So is the recipe's static cache (bf16, with eager): TRL sizes it for max_completion_length (512) on every turn, and a
 # decoding step attends over all of it. In float32 GRPO generates with transformers' default cache, which grows with
-# what was generated: the same 2 steps from that SFT agent 796 -> 697 s, byte-identical adapters (docs/performance.md).
+# what was generated: from that SFT agent, on a slower evening (the 576 s run took 796 s), 2 steps 796 -> 697 s,
+# byte-identical adapters (docs/performance.md). Kept with a user's eager too: alone, eager generated faster with it.
 FLOAT32_CACHE = ["trainer.cache_implementation=null"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
@@ -112,7 +113,8 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
     sft_set = overrides + [f"data.train.path={json.dumps(str(teacher))}"]
     control_set = control_overrides(sft_set, output_dir / "sft")  # on the teacher's rows, as the SFT
     grpo_set = grpo_settings(grpo_recipe, overrides + list(grpo_overrides or []))
-    output_dir = prepare(output_dir, [(grpo_recipe, grpo_set)])
+    # a --set the SFT recipe refuses (a GRPO-only trainer key) is one line before any work, as in the other demos
+    output_dir = prepare(output_dir, [(sft_recipe, overrides), (grpo_recipe, grpo_set)])
     sft_dir, grpo_dir, control_dir = output_dir / "sft", output_dir / "grpo", output_dir / "sft-continued"
     found = public_sets({"hotpotqa": "the HotpotQA row", "ifeval": "the IFEval check"}, data_dir,
                         output_dir / "data")
@@ -175,8 +177,8 @@ def run_search_demo(output_dir: Path, overrides: list[str] | None = None, grpo_o
 
 
 def grpo_settings(recipe: Path, overrides: list[str]) -> list[str]:
-    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` and :data:`FLOAT32_CACHE` first in float32 (a user's batch,
-    or cache, wins)."""
+    """The GRPO stage's overrides: :data:`FLOAT32_GRPO` and :data:`FLOAT32_CACHE` first in float32 (a batch or a cache
+    in ``grpo_overrides`` wins)."""
     return float32_settings(recipe, float32_settings(recipe, overrides, FLOAT32_CACHE), FLOAT32_GRPO)
 
 

@@ -23,8 +23,9 @@ README's Performance section and bench/generation.py):
   key/value head times its group of queries at once) computes the same numbers (tests/test_fastgen.py). At
   batch 16 with 700 cached tokens the copies were half of a decoding step on 2 cores (SmolLM2, 0.35 s -> 0.18 s).
 
-Training is not touched here: a CPU recipe asks for the same two settings for TRL's own generation inside
-GRPO (``model.attn_implementation: eager``, ``trainer.cache_implementation: static``).
+Training is not touched here: a bf16 CPU recipe asks for the same two settings for TRL's own generation inside
+GRPO (``model.attn_implementation: eager``, ``trainer.cache_implementation: static``); in float32 the search demo
+drops both for transformers' defaults (``rlkit.demos.search``).
 """
 
 from __future__ import annotations
