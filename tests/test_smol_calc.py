@@ -166,8 +166,9 @@ def test_one_sft_step_changes_the_lora(smollm2_dir, tmp_path):
 
     from rlkit.train import build_trainer
 
+    # float32: the recipe's bf16 is emulated on a CPU without bf16 units, where this one step took 268 s of a 300 s limit
     recipe = load_recipe(SFT, ["data.train.synthetic=2", "trainer.max_steps=1", "trainer.per_device_train_batch_size=2",
-                               "trainer.learning_rate=1e-2", "trainer.save_steps=1"])
+                               "trainer.learning_rate=1e-2", "trainer.save_steps=1", "model.dtype=float32"])
     trainer, _ = build_trainer(recipe, tmp_path)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()
