@@ -177,6 +177,21 @@ def test_max_turns_stops_a_model_that_never_answers(tmp_path):
     assert len(server.requests) == 2 * 4
 
 
+def test_a_turn_cap_stops_each_reply_not_the_episode(tmp_path):
+    """``trainer.generation_kwargs.max_new_tokens`` caps every tool turn's reply (TRL's own cap for a turn is the
+    episode's whole ``max_completion_length``): the tiny model, which does not stop by itself, writes 6 tokens, not
+    the smoke recipe's 160."""
+    from rlkit.train import build_trainer
+
+    recipe = load_recipe(CALCULATOR, ["trainer.max_steps=1", "trainer.generation_kwargs={max_new_tokens: 6}"],
+                         smoke=True)
+    trainer, _ = build_trainer(recipe, tmp_path, smoke=True)
+    trainer.train()
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert trainer.args.max_completion_length == 160
+    assert [row["completions/max_length"] for row in logged if "reward" in row] == [6.0]
+
+
 def test_request_timeout_and_bad_tool_arguments_are_recorded_not_fatal():
     from rlkit.agents.endpoint import EndpointPolicy
     from rlkit.agents.engine import run_episodes

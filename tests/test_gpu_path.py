@@ -179,6 +179,13 @@ def test_vllm_gets_the_recipes_context_length():
     assert trainer_config(grpo(), output_dir="/tmp/x").vllm_max_model_length is None
 
 
+def test_a_turn_cap_reaches_vllm_in_its_name():
+    cap = "trainer.generation_kwargs={max_new_tokens: 64, top_k: 20}"
+    hf = trainer_config(grpo(cap), output_dir="/tmp/x").generation_kwargs
+    vllm = trainer_config(grpo("trainer.use_vllm=true", cap), output_dir="/tmp/x").generation_kwargs
+    assert hf == {"max_new_tokens": 64, "top_k": 20} and vllm == {"max_tokens": 64, "top_k": 20}
+
+
 # --- 6. TRL's defaults whichever backend replaced the config class --------------------------------------
 
 def unsloth_like(base):

@@ -49,6 +49,12 @@ def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
         # Otherwise vLLM sizes its KV cache for the model's whole context (40K tokens for Qwen3-1.7B),
         # which does not fit the 0.3 of the GPU colocate mode gives it, and fails at start-up.
         fields["vllm_max_model_length"] = recipe.model.max_seq_length
+    turn_cap = dict(recipe.trainer.get("generation_kwargs") or {})
+    if recipe.trainer.get("use_vllm") and "max_new_tokens" in turn_cap:
+        # A tool turn's cap in transformers' name (recipes/smol_search_grpo.yaml); vLLM's SamplingParams calls it
+        # max_tokens and refuses the other.
+        turn_cap["max_tokens"] = turn_cap.pop("max_new_tokens")
+        fields["generation_kwargs"] = turn_cap
     return fields
 
 
