@@ -109,6 +109,39 @@ def test_grouped_query_heads_are_left_to_torch_and_change_no_number(smollm2_dir,
     assert torch.equal(_greedy(fast, tok, batch), _greedy(stock, tok, batch))
 
 
+def test_grpo_trains_through_the_grouped_attention_with_the_same_gradients(smollm2_dir, tok, tmp_path):
+    """GRPO generates inside training, so its float32 CPU model attends with :func:`sdpa_gqa` too where the recipe
+    names no attention (SFT keeps transformers' SDPA, a named one is kept); the loss and its gradients are
+    transformers' SDPA's to float32 summation order."""
+    from rlkit.inference.fastgen import grouped_heads_uncopied
+    from rlkit.recipe import load_recipe, recipes_dir
+    from rlkit.train import build_trainer
+
+    def attention(name, *overrides):
+        recipe = load_recipe(recipes_dir() / name, ["model.dtype=float32", *overrides], smoke=True)
+        run_dir = tmp_path / f"{name}{len(overrides)}"
+        run_dir.mkdir()
+        return build_trainer(recipe, run_dir, smoke=True)[0].model.config._attn_implementation
+
+    assert attention("tiny_arith_grpo.yaml", "model.attn_implementation=null") == SDPA_GQA  # the tiny model: 4 of 2
+    assert attention("tiny_arith_grpo.yaml") == "eager"  # the recipe's own
+    assert attention("tiny_arith_sft.yaml", "model.attn_implementation=null") == "sdpa"
+    batch = _batch(tok)
+    keep = batch["attention_mask"].bool()
+    losses, grads = [], []
+    fast = _model(smollm2_dir, torch.float32)
+    grouped_heads_uncopied(fast)
+    assert fast.config._attn_implementation == SDPA_GQA
+    for m in (fast, _model(smollm2_dir, torch.float32)):
+        m.train()
+        loss = m(**batch).logits[keep].logsumexp(-1).mean()
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(m.model.layers[0].self_attn.k_proj.weight.grad)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert (grads[0] - grads[1]).abs().max() <= 1e-4 * grads[1].abs().max()
+
+
 def test_an_explicit_attention_choice_is_kept(smollm2_dir):
     model = for_generation(_model(smollm2_dir, torch.bfloat16), "bfloat16", "sdpa")
     assert model.config._attn_implementation == "sdpa"

@@ -23,9 +23,10 @@ README's Performance section and bench/generation.py):
   key/value head times its group of queries at once) computes the same numbers (tests/test_fastgen.py). At
   batch 16 with 700 cached tokens the copies were half of a decoding step on 2 cores (SmolLM2, 0.35 s -> 0.18 s).
 
-Training is not touched here: a bf16 CPU recipe asks for the same two settings for TRL's own generation inside
-GRPO (``model.attn_implementation: eager``, ``trainer.cache_implementation: static``); in float32 the search demo
-drops both for transformers' defaults (``rlkit.demos.search``).
+Training keeps its model, with one exception: GRPO's float32 CPU model, which generates inside training, attends
+with :func:`sdpa_gqa` where the recipe names no attention (``rlkit.train``). A bf16 CPU recipe asks for
+eager and a static cache for TRL's own generation inside GRPO (``model.attn_implementation: eager``,
+``trainer.cache_implementation: static``); in float32 the search demo drops both (``rlkit.demos.search``).
 """
 
 from __future__ import annotations
@@ -67,14 +68,25 @@ def for_generation(model: Any, dtype_setting: str = "auto", attn_setting: str | 
                 model.set_attn_implementation("eager")
             if model.config._attn_implementation == "eager" and model.generation_config.cache_implementation is None:
                 model.generation_config.cache_implementation = "static"
-        if model.dtype == torch.float32 and _grouped(model.config):  # the same attention, no head copied
-            implementation = model.config._attn_implementation
-            if implementation == "sdpa" and attn_setting is None:
-                model.set_attn_implementation(_registered(SDPA_GQA))
-            elif implementation == "eager" and model.config.model_type in EAGER_GQA_MODELS:
-                model.set_attn_implementation(_registered(EAGER_GQA))
+        grouped_heads_uncopied(model, attn_setting)
     model._rlkit_generation_ready = True
     return model
+
+
+def grouped_heads_uncopied(model: Any, attn_setting: str | None = None) -> None:
+    """A float32 model on CPU attends without copying grouped-query heads: :func:`sdpa_gqa` for transformers' default
+    SDPA (not for an explicit ``sdpa``), :func:`eager_gqa` for eager; the same numbers. Also GRPO's model, which
+    generates inside training, where the recipe leaves the attention to transformers (``rlkit.train``):
+    the gradients agree to float32 summation order."""
+    import torch
+
+    if model.dtype != torch.float32 or not _grouped(model.config):
+        return
+    implementation = model.config._attn_implementation
+    if implementation == "sdpa" and attn_setting is None:
+        model.set_attn_implementation(_registered(SDPA_GQA))
+    elif implementation == "eager" and model.config.model_type in EAGER_GQA_MODELS:
+        model.set_attn_implementation(_registered(EAGER_GQA))
 
 
 SDPA_GQA, EAGER_GQA = "rlkit_sdpa_gqa", "rlkit_eager_gqa"
