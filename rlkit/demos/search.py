@@ -45,16 +45,17 @@ STAGE_COLUMNS = ("base", "after SFT", "after GRPO", "SFT continued")
 # same 2 prompts x 4 generated together and one optimizer step, no slower (8 min 54 s against 10 min 10 s; oneDNN
 # held to AVX2, bench/results/grpo_step_history.md).
 FLOAT32_GRPO = ["trainer.per_device_train_batch_size=4", "trainer.gradient_accumulation_steps=2"]
-# The recipes' eager attention is for bf16 (decoding, on CPU). In float32 transformers' default (SDPA; the demo's
-# evals generate with rlkit's grouped-query form) is faster over these long rows: from the SFT agent (e00bf11d, AMD
-# EPYC, 2 idle cores) 2 GRPO steps 659 -> 576 s with the same logged losses and samples, the held-out eval 337 -> 289 s
-# with the same 100 trajectories (docs/performance.md). GRPO, the evals and the IFEval check take it (SFT and the
-# control have no attention setting); the HotpotQA eval keeps eager, whose memory was measured there.
+# The recipes' eager attention is for bf16 (decoding, on CPU). In float32 transformers' default (SDPA; the demo's evals,
+# and GRPO since 2026-12-02, with rlkit's grouped-query form) is faster over these long rows: from the SFT agent
+# (e00bf11d, AMD EPYC, 2 idle cores) 2 GRPO steps 659 -> 576 s with the same logged losses and samples, the held-out
+# eval 337 -> 289 s with the same 100 trajectories (docs/performance.md). GRPO, the evals and the IFEval check take it
+# (SFT and the control have no attention setting); the HotpotQA eval keeps eager, whose memory was measured there.
 FLOAT32_ATTENTION = ["model.attn_implementation=null"]
-# So is the recipe's static cache (bf16, with eager): TRL sizes it for max_completion_length (512) on every turn, and a
-# decoding step attends over all of it. In float32 GRPO generates with transformers' default cache, which grows with
-# what was generated: from that SFT agent, on a slower evening (the 576 s run took 796 s), 2 steps 796 -> 697 s,
-# byte-identical adapters (docs/performance.md). Kept with a user's eager too: alone, eager generated faster with it.
+# So is the recipe's static cache (bf16, with eager): TRL sized it for max_completion_length (512; since the recipe's
+# cap on each reply, 64) on every turn, and a decoding step attends over all of it. In float32 GRPO generates with
+# transformers' default cache, which grows with what was generated: from that SFT agent, on a slower evening (the 576 s
+# run took 796 s), 2 steps 796 -> 697 s, byte-identical adapters (docs/performance.md). Kept with a user's eager too:
+# alone, eager generated faster with it.
 FLOAT32_CACHE = ["trainer.cache_implementation=null"]
 GAIN_NOTE = ("gain: paired F1 difference on the same questions, its 95% bootstrap interval and p; "
              "* = significant at 5%")
