@@ -288,7 +288,7 @@ def build_trainer(recipe: Recipe, run_dir: Path, *, smoke: bool = False, source:
     set_seed(args.seed)
     model, tokenizer, peft_config, backend = backends.load(
         recipe, use_vllm=bool(getattr(args, "use_vllm", False)), seed=args.seed, head=algo.HEAD)
-    if recipe.algorithm == "grpo" and model.device.type == "cpu" and recipe.model.attn_implementation is None:
+    if recipe.algorithm == "grpo" and not cuda_available() and recipe.model.attn_implementation is None:
         from rlkit.inference.fastgen import grouped_heads_uncopied
 
         grouped_heads_uncopied(model)  # it generates inside training; a recipe's own attention is kept

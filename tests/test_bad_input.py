@@ -179,6 +179,8 @@ MATRIX = [
     ("search demo with a GRPO-only --set", ["demo", "--search", "--output-dir", "{tmp}/search", "--set",
                                             "trainer.cache_implementation=static"],
      "smol_search_sft.yaml: trainer.cache_implementation: not a SFTConfig field"),
+    ("generation_kwargs not a mapping", ["train", GRPO, "--smoke", "--set", "trainer.generation_kwargs=max_new_tokens=64"],
+     "trainer.generation_kwargs: 'max_new_tokens=64' is not a mapping"),
 ]
 
 

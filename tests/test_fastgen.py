@@ -109,7 +109,7 @@ def test_grouped_query_heads_are_left_to_torch_and_change_no_number(smollm2_dir,
     assert torch.equal(_greedy(fast, tok, batch), _greedy(stock, tok, batch))
 
 
-def test_grpo_trains_through_the_grouped_attention_with_the_same_gradients(smollm2_dir, tok, tmp_path):
+def test_grpo_trains_through_the_grouped_attention_with_the_same_gradients(smollm2_dir, tok, tmp_path, monkeypatch):
     """GRPO generates inside training, so its float32 CPU model attends with :func:`sdpa_gqa` too where the recipe
     names no attention (SFT keeps transformers' SDPA, a named one is kept); the loss and its gradients are
     transformers' SDPA's to float32 summation order."""
@@ -119,13 +119,16 @@ def test_grpo_trains_through_the_grouped_attention_with_the_same_gradients(smoll
 
     def attention(name, *overrides):
         recipe = load_recipe(recipes_dir() / name, ["model.dtype=float32", *overrides], smoke=True)
-        run_dir = tmp_path / f"{name}{len(overrides)}"
+        run_dir = tmp_path / str(len(list(tmp_path.iterdir())))
         run_dir.mkdir()
         return build_trainer(recipe, run_dir, smoke=True)[0].model.config._attn_implementation
 
     assert attention("tiny_arith_grpo.yaml", "model.attn_implementation=null") == SDPA_GQA  # the tiny model: 4 of 2
     assert attention("tiny_arith_grpo.yaml") == "eager"  # the recipe's own
     assert attention("tiny_arith_sft.yaml", "model.attn_implementation=null") == "sdpa"
+    monkeypatch.setattr("rlkit.train.cuda_available", lambda: True)  # a GPU machine: its model loads on the CPU
+    assert attention("tiny_arith_grpo.yaml", "model.attn_implementation=null") == "sdpa"
+    monkeypatch.undo()
     batch = _batch(tok)
     keep = batch["attention_mask"].bool()
     losses, grads = [], []

@@ -184,6 +184,10 @@ def test_a_turn_cap_reaches_vllm_in_its_name():
     hf = trainer_config(grpo(cap), output_dir="/tmp/x").generation_kwargs
     vllm = trainer_config(grpo("trainer.use_vllm=true", cap), output_dir="/tmp/x").generation_kwargs
     assert hf == {"max_new_tokens": 64, "top_k": 20} and vllm == {"max_tokens": 64, "top_k": 20}
+    from rlkit.trainers.grpo import reply_tokens
+
+    assert [reply_tokens(kwargs, 512) for kwargs in ({"max_new_tokens": 64}, {"max_tokens": 600}, {"top_k": 20},
+                                                    None, "{}")] == [64, 512, 512, 512, 512]
 
 
 # --- 6. TRL's defaults whichever backend replaced the config class --------------------------------------

@@ -412,9 +412,11 @@ def test_pool_plays_whole_tool_episodes_for_an_env_recipe(tmp_path, tiny_model_d
 
     golds = _golds(32, seed=0)
     scripted_generate(monkeypatch, load_tokenizer(str(tiny_model_dir)), calculator_reply(golds, {}))
-    recipe = load_recipe(CALCULATOR, ["sampling.pool={keep: all, samples: 2, limit: 8}"], smoke=True)
+    recipe = load_recipe(CALCULATOR, ["sampling.pool={keep: all, samples: 2, limit: 8}",
+                                      "trainer.generation_kwargs={max_new_tokens: 40}"], smoke=True)
     trainer, _ = build_trainer(recipe, tmp_path, smoke=True)
     pool = json.loads((tmp_path / "pool.json").read_text())
+    assert pool["max_new_tokens"] == 40  # each reply's limit, as training's (the episode's: 160)
     # even golds: the tool's result, then the right answer, every time; odd: right every other time
     assert [p["pass_rate"] for p in pool["prompts"]] == [1.0 if int(g) % 2 == 0 else 0.5
                                                          for g in list(golds.values())[:8]]

@@ -55,10 +55,12 @@ def checks(ctx: Context, *, samples: int | None, endpoint: str | None = None, ap
         return [Check(F, "probe", "skip", "the task has no prompt rows to sample")], {}
     from rlkit.agents.policies import make_policy
     from rlkit.doctor.rewards import gold_totals
+    from rlkit.trainers.grpo import reply_tokens
 
     row_list = rows.to_list()
     temperature = float(ctx.setting("temperature", 1.0) or 1.0)
-    max_new = ctx.setting("max_completion_length", None) or recipe.eval.max_new_tokens
+    max_new = ctx.setting("max_completion_length", None)
+    max_new = reply_tokens(ctx.setting("generation_kwargs", None), max_new) if max_new else recipe.eval.max_new_tokens
     from rlkit.errors import UserError
 
     try:
@@ -119,12 +121,13 @@ def sample(recipe: Any, rows: list[dict[str, Any]], policy: Any, samples: int, s
 
 def prompt_pool(recipe: Any, model: Any, tokenizer: Any, train_ds: Any, args: Any, run_dir: Path, *,
                 main: bool = True) -> Any:
-    """The train rows GRPO draws from (``sampling.pool``; without it, ``train_ds``): each of the first ``limit``
-    rows' pass rate under ``model`` (loaded as training starts: the base, or the ``init_from`` adapter) over
-    ``samples`` completions at the trainer's temperature and ``max_completion_length`` (per turn, for a tool
-    agent), written to ``RUN/pool.json``. ``keep: learnable`` returns the rows whose pass rate is strictly between
-    0 and 1, and refuses when fewer are left than one generation batch needs. A run directory that already holds
-    ``pool.json`` is a resumed run's (a new run starts in an empty one): its pool is read, not sampled again."""
+    """The train rows GRPO draws from (``sampling.pool``; without it, ``train_ds``): each of the first ``limit`` rows'
+    pass rate under ``model`` (loaded as training starts: the base, or the ``init_from`` adapter) over ``samples``
+    completions at the trainer's temperature and limit for a reply (``generation_kwargs``' ``max_new_tokens``, else
+    ``max_completion_length``: per turn, for a tool agent), written to ``RUN/pool.json``. ``keep: learnable`` returns
+    the rows whose pass rate is strictly between 0 and 1, and refuses when fewer are left than one generation batch
+    needs. A run directory that already holds ``pool.json`` is a resumed run's (a new run starts in an empty one): its
+    pool is read, not sampled again."""
     spec = recipe.sampling.pool if recipe.sampling is not None else None
     if spec is None:
         return train_ds
@@ -135,6 +138,7 @@ def prompt_pool(recipe: Any, model: Any, tokenizer: Any, train_ds: Any, args: An
     from rlkit import runs
     from rlkit.agents.hf import HFPolicy
     from rlkit.errors import UserError
+    from rlkit.trainers.grpo import reply_tokens
 
     path = run_dir / runs.POOL
     if path.is_file():
@@ -143,13 +147,13 @@ def prompt_pool(recipe: Any, model: Any, tokenizer: Any, train_ds: Any, args: An
         started = time.perf_counter()
         rows = train_ds.select(range(min(spec.limit, len(train_ds)))).to_list()
         # A copy: a policy gives its tokenizer a response parser, which changes how TRL decodes plain completions.
+        max_new = reply_tokens(getattr(args, "generation_kwargs", None), args.max_completion_length)
         policy = HFPolicy(model, copy.deepcopy(tokenizer), chat_template_kwargs=recipe.model.chat_template_kwargs,
-                          max_new_tokens=args.max_completion_length, temperature=args.temperature,
-                          batch_size=recipe.eval.batch_size)
+                          max_new_tokens=max_new, temperature=args.temperature, batch_size=recipe.eval.batch_size)
         records = sample(recipe, rows, policy, spec.samples, args.seed, show_progress=main)
         set_seed(args.seed)  # the LoRA TRL adds next starts as it would without this sampling
         pool = pool_summary(rows, records, spec.samples, spec.keep, len(train_ds))
-        pool.update(temperature=args.temperature, max_new_tokens=args.max_completion_length, seed=args.seed,
+        pool.update(temperature=args.temperature, max_new_tokens=max_new, seed=args.seed,
                     seconds=round(time.perf_counter() - started, 2))
         if main:
             path.write_text(json.dumps(pool, indent=1) + "\n", encoding="utf-8")

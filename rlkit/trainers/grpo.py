@@ -49,13 +49,28 @@ def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
         # Otherwise vLLM sizes its KV cache for the model's whole context (40K tokens for Qwen3-1.7B),
         # which does not fit the 0.3 of the GPU colocate mode gives it, and fails at start-up.
         fields["vllm_max_model_length"] = recipe.model.max_seq_length
-    turn_cap = dict(recipe.trainer.get("generation_kwargs") or {})
-    if recipe.trainer.get("use_vllm") and "max_new_tokens" in turn_cap:
-        # A tool turn's cap in transformers' name (recipes/smol_search_grpo.yaml); vLLM's SamplingParams calls it
+    generation = recipe.trainer.get("generation_kwargs")
+    if isinstance(generation, str):  # TRL's GRPOTrainer would update a dict with it and fail with a traceback
+        raise UserError(f"trainer.generation_kwargs: {generation!r} is not a mapping; write it as one, e.g. "
+                        "--set 'trainer.generation_kwargs={max_new_tokens: 64}'")
+    if recipe.trainer.get("use_vllm") and isinstance(generation, dict) and "max_new_tokens" in generation:
+        # A reply's cap in transformers' name (recipes/smol_search_grpo.yaml); vLLM's SamplingParams calls it
         # max_tokens and refuses the other.
-        turn_cap["max_tokens"] = turn_cap.pop("max_new_tokens")
-        fields["generation_kwargs"] = turn_cap
+        generation = dict(generation)
+        generation["max_tokens"] = generation.pop("max_new_tokens")
+        fields["generation_kwargs"] = generation
     return fields
+
+
+def reply_tokens(generation_kwargs: Any, max_completion_length: int) -> int:
+    """The most tokens one reply (one tool turn) may take: ``generation_kwargs``' ``max_new_tokens`` (or vLLM's
+    ``max_tokens``) where the recipe sets one, else TRL's own limit for a turn, the episode's
+    ``max_completion_length``."""
+    if isinstance(generation_kwargs, dict):
+        cap = generation_kwargs.get("max_new_tokens", generation_kwargs.get("max_tokens"))
+        if isinstance(cap, int) and cap > 0:
+            return min(cap, max_completion_length)
+    return max_completion_length
 
 
 def check_sampling(recipe: Recipe) -> None:
