@@ -109,6 +109,7 @@ def test_grouped_query_heads_are_left_to_torch_and_change_no_number(smollm2_dir,
     assert torch.equal(_greedy(fast, tok, batch), _greedy(stock, tok, batch))
 
 
+@pytest.mark.cpu_only
 def test_grpo_trains_through_the_grouped_attention_with_the_same_gradients(smollm2_dir, tok, tmp_path, monkeypatch):
     """GRPO generates inside training, so its float32 CPU model attends with :func:`sdpa_gqa` too where the recipe
     names no attention (SFT keeps transformers' SDPA, a named one is kept); the loss and its gradients are

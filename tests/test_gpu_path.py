@@ -184,6 +184,8 @@ def test_a_turn_cap_reaches_vllm_in_its_name():
     hf = trainer_config(grpo(cap), output_dir="/tmp/x").generation_kwargs
     vllm = trainer_config(grpo("trainer.use_vllm=true", cap), output_dir="/tmp/x").generation_kwargs
     assert hf == {"max_new_tokens": 64, "top_k": 20} and vllm == {"max_tokens": 64, "top_k": 20}
+    as_json = grpo("trainer.use_vllm=true", """trainer.generation_kwargs='{"max_new_tokens": 64}'""")  # TRL's form
+    assert trainer_config(as_json, output_dir="/tmp/x").generation_kwargs == {"max_tokens": 64}
     from rlkit.trainers.grpo import reply_tokens
 
     assert [reply_tokens(kwargs, 512) for kwargs in ({"max_new_tokens": 64}, {"max_tokens": 600}, {"top_k": 20},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import math
 from typing import Any
@@ -50,6 +51,8 @@ def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
         # which does not fit the 0.3 of the GPU colocate mode gives it, and fails at start-up.
         fields["vllm_max_model_length"] = recipe.model.max_seq_length
     generation = recipe.trainer.get("generation_kwargs")
+    if isinstance(generation, str) and generation.lstrip().startswith("{"):
+        generation = _json_mapping(generation)  # TRL's own string form: its config parses it
     if isinstance(generation, str):  # TRL's GRPOTrainer would update a dict with it and fail with a traceback
         raise UserError(f"trainer.generation_kwargs: {generation!r} is not a mapping; write it as one, e.g. "
                         "--set 'trainer.generation_kwargs={max_new_tokens: 64}'")
@@ -60,6 +63,14 @@ def rlkit_fields(recipe: Recipe) -> dict[str, Any]:
         generation["max_tokens"] = generation.pop("max_new_tokens")
         fields["generation_kwargs"] = generation
     return fields
+
+
+def _json_mapping(text: str) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"trainer.generation_kwargs: {text!r} is not JSON ({e.msg}); write it as a mapping, e.g. "
+                        "--set 'trainer.generation_kwargs={max_new_tokens: 64}'") from None
 
 
 def reply_tokens(generation_kwargs: Any, max_completion_length: int) -> int:
