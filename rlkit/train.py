@@ -159,20 +159,21 @@ def _run(recipe: Recipe, config: TrainingArguments, run_dir: Path, backend: str,
         # On CPU, RSS follows live tensors while training: freed ones go back to the OS (see cpu_memory).
         with stop.installed(), cpu_memory.small_heap(active=not cuda_available(), trainer=trainer):
             trainer.train(**({"resume_from_checkpoint": str(checkpoint)} if checkpoint else {}))
-    except _Stopped:
+    except _Stopped:  # a checkpoint saved; or a second signal: at once, no checkpoint of this step, no report
         pass
     state, main = trainer.state, is_main_process()
     if stop.signum is not None and state.global_step < state.max_steps:
-        if main:
+        if main and not stop.now:
             _report(run_dir, done=False)
         saved = runs.checkpoints(run_dir)
         where = f"checkpoint saved in {saved[-1]}" if saved else "no checkpoint was saved"
-        name = signal.Signals(stop.signum).name
+        name = ", then ".join(signal.Signals(s).name for s in (stop.signum, stop.now) if s)
+        how = "at once after" if stop.now else "at"
         then = f"resume with: {resume_command}"
         if recipe.algorithm == "ppo" and saved:
             then = f"PPO cannot resume; continue from the checkpoint's adapter with --set init_from={saved[-1]}"
-        raise Interrupted(f"{name}: stopped at step {state.global_step}/{state.max_steps}; {where}; {then}",
-                          128 + stop.signum)
+        raise Interrupted(f"{name}: stopped {how} step {state.global_step}/{state.max_steps}; {where}; {then}",
+                          128 + (stop.now or stop.signum))
     storage.save_adapter(trainer, tokenizer, run_dir / "adapter", main)
     if not main:
         return run_dir
@@ -201,9 +202,10 @@ def _report(run_dir: Path, done: bool = True) -> None:
         log.exception("writing the report failed; the run itself is complete")
 
 
-class _Stopped(Exception):
-    """Raised from a callback to leave the trainer's loop: once the checkpoint a signal asked for is saved, or at
-    once in a run resumed at its last step."""
+class _Stopped(BaseException):
+    """Raised to leave the trainer's loop: from a callback once the checkpoint a signal asked for is saved, or at once
+    in a run resumed at its last step; from the handler of a second signal. A BaseException, as Ctrl-C's
+    KeyboardInterrupt: no library's ``except Exception`` keeps it."""
 
 
 def _stop_on_signal() -> Any:
@@ -215,6 +217,7 @@ def _stop_on_signal() -> Any:
 
     class StopOnSignal(TrainerCallback):
         signum: int | None = None
+        now: int | None = None  # the second signal's, when one stopped it at once
 
         def on_step_end(self, args, state, control, **kwargs):
             if rank_info()[2] > 1:  # ranks may see the signal a step apart: stop together, on the same step
@@ -248,7 +251,8 @@ def _stop_on_signal() -> Any:
 
             def handle(signum, frame):
                 if self.signum is not None:
-                    raise KeyboardInterrupt
+                    self.now = signum
+                    raise _Stopped
                 self.signum = signum
                 log.warning("%s: finishing this step, saving a checkpoint, then stopping "
                             "(send it again to stop at once)", signal.Signals(signum).name)
@@ -293,10 +297,7 @@ def build_trainer(recipe: Recipe, run_dir: Path, *, smoke: bool = False, source:
 
         grouped_heads_uncopied(model)  # it generates inside training; a recipe's own attention is kept
     provenance = {
-        "source": source,
-        "smoke": smoke,
-        "smoke_changes": recipe.smoke_changes,
-        "backend": backend,
+        "source": source, "smoke": smoke, "smoke_changes": recipe.smoke_changes, "backend": backend,
         "model_loaded": resolve_model_id(recipe.model.name_or_path),
         "dtype": str(model.dtype).removeprefix("torch."),  # what `dtype: auto` became on this machine
         # The checkpoint and quantization really loaded (Unsloth may swap in its pre-quantized repo):

@@ -112,6 +112,35 @@ def test_a_run_killed_before_its_first_checkpoint_never_blocks_a_retry(tmp_path)
     assert (other / "notes.txt").read_text() == "keep me"
 
 
+def test_a_second_signal_stops_at_once_with_its_exit_code_and_the_run_resumes(tmp_path):
+    overrides = ["trainer.max_steps=30", "trainer.save_steps=2"]
+    run_dir = tmp_path / "run"
+
+    def both():  # SIGINT, then SIGTERM before the step that the first one lets finish has ended
+        deadline = time.time() + 120
+        metrics = run_dir / "metrics.jsonl"
+        while time.time() < deadline and not (metrics.is_file() and max(steps(run_dir), default=0) >= 3):
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=both, daemon=True)
+    watcher.start()
+    with pytest.raises(Interrupted) as stopped:  # before: a bare KeyboardInterrupt (the CLI: exit 130, no line)
+        train(SFT, overrides, smoke=True, output_dir=run_dir)
+    watcher.join()
+    message = str(stopped.value)
+    assert stopped.value.exit_code == 143  # the signal that stopped it: the second
+    assert message.startswith("SIGINT, then SIGTERM: stopped at once after step ") and "--resume" in message
+    from rlkit import runs
+
+    saved = runs.checkpoints(run_dir)  # complete ones only; "checkpoint saved in" names the newest
+    assert saved and f"checkpoint saved in {saved[-1]}" in message
+    assert not (run_dir / "adapter").exists() and not (run_dir / "report.md").exists()  # at once: no report either
+    train(SFT, overrides, smoke=True, output_dir=run_dir, resume=True)
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file() and max(steps(run_dir)) == 30
+
+
 def _start(run_dir, *extra):
     env = {**os.environ, "RLKIT_LOG_LEVEL": "INFO"}
     return subprocess.Popen([RLKIT, "train", str(SFT), "--smoke", "--output-dir", str(run_dir),
