@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
 MONTHS = ["September", "October", "November", "December"]
 
@@ -44,6 +45,10 @@ def main(model_dir: str | None = None) -> None:
 
     from rlkit.smollm2 import smollm2_path
 
+    if model_dir and not any((Path(model_dir) / name).is_file() for name in ("config.json", "adapter_config.json")):
+        print(f"compare_probe: {model_dir} holds no model (config.json) or PEFT adapter (adapter_config.json)",
+              file=sys.stderr)
+        sys.exit(2)
     torch.set_num_threads(2)
     path = model_dir or str(smollm2_path())
     tok = AutoTokenizer.from_pretrained(path)
