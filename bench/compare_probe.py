@@ -1,50 +1,117 @@
 """Does SmolLM2-135M-Instruct (the demos' model) compare two numbers or two dates written right before its Yes/No?
 
 Half of `make demo-search`'s questions ask for such a comparison ("did X report higher revenue growth than Y?", "was
-X's report published before Y's?"), and the search agent answers them at chance (docs/demos.md). This asks the base
-model the comparison with nothing to search: 100 random pairs per form, the same seed every run, and reads the
-logits of "Yes" against "No" where the answer starts. A model that compares says "Yes" about as often as the truth
-is "Yes" and is right far above 50; `best cut` is the accuracy of the best threshold on the Yes - No margin, fitted
-on the same 100: whether the margin carries the comparison at all (a margin that knows nothing scores 57 on average
-and 63 at the 95th percentile, simulated).
+X's report published before Y's?"), and the search agent answers them at chance (docs/demos.md). This asks the model
+the comparison with nothing to search: 100 random pairs per form, the same seed every run, and reads the logits of
+"Yes" against "No" where the answer starts. A model that compares says "Yes" about as often as the truth is "Yes"
+and is right far above 50; `best cut` is the accuracy of the best threshold on the Yes - No margin, fitted on the
+same rows: whether the margin carries the comparison at all (a margin that knows nothing scores 56-58 of 100 on
+average, 62-63 at the 95th percentile; of 50, 30-31 and 34, 35-36 at the 99th; simulated).
 
-    .venv/bin/python bench/compare_probe.py [MODEL_DIR]       # default: the demos' SmolLM2 build; ~2 min on 2 cores
+`--agent` adds the search agent's own context: the 50 Yes/No questions of the demo's held-out and new-wording sets
+with the oracle teacher's two searches and both gold passages before `<answer>` ("passages"), and the same with the
+teacher's quoted facts (`rlkit rollout --oracle --cite`) right before it ("facts quoted"), and those facts after the
+question with no searches or passages between ("facts, no passages"). About 10 minutes more on 2 cores.
+
+`--drills N FILE` writes N SFT rows (`messages`) of the two stated forms, other names, pairs the probe never asks,
+to teach the comparison with `rlkit train` (docs/demos.md has the command and what it taught):
+
+    .venv/bin/python bench/compare_probe.py [MODEL_DIR] [--agent]   # default: the demos' SmolLM2 build; ~2 min
+    .venv/bin/python bench/compare_probe.py --drills 1600 runs/compare_drills.jsonl
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
+import tempfile
+from itertools import islice
 from pathlib import Path
 
 MONTHS = ["September", "October", "November", "December"]
+NAMES = ["Acme Corp", "Borealis", "Cobalt Bank", "Delta Foods", "Everline", "Fjord Energy", "Granite Motors",
+         "Helix Bio", "Ironwood", "Juniper Air", "Kestrel Media", "Lumen Retail", "Meridian", "Nova Steel"]
+
+
+def draws(rng: random.Random):
+    """Endless (growth a, growth b, date 1, date 2): the synthetic corpus's growth range and four months of 2023."""
+    while True:
+        yield *rng.sample(range(2, 61), 2), *rng.sample([(m, d) for m in range(4) for d in range(1, 29)], 2)
+
+
+def growth(x: str, y: str, a: int, b: int) -> str:
+    return f"{x} reported revenue up {a}%. {y} reported revenue up {b}%. Did {x} report higher revenue growth than {y}?"
 
 
 def pairs(seed: int = 0, n: int = 100):
-    """(form, user text, text the answer starts with, truth) for n pairs of each form."""
+    """(form, messages, text the answer starts with, truth) for n pairs of each form."""
     from rlkit.data.multihop_rag import PROMPTS
 
-    rng = random.Random(seed)
-    for _ in range(n):
-        a, b = rng.sample(range(2, 61), 2)  # the synthetic corpus's growth range
-        facts = f"Alpha Labs reported revenue up {a}%. Beta Systems reported revenue up {b}%."
-        yield "numbers alone", None, f"Is {a} greater than {b}? Answer Yes or No.", "", a > b
-        yield "growth, both stated", None, f"{facts} Did Alpha Labs report higher revenue growth than Beta " \
-            "Systems? Answer Yes or No.", "", a > b
-        yield "growth, agent's prompt", PROMPTS["default"], f"{facts} Did Alpha Labs report higher revenue " \
-            "growth than Beta Systems?", "<answer>", a > b
-        (m1, d1), (m2, d2) = rng.sample([(m, d) for m in range(4) for d in range(1, 29)], 2)
-        yield "dates, both stated", None, f"Report A was published on {MONTHS[m1]} {d1}, 2023. Report B was " \
-            f"published on {MONTHS[m2]} {d2}, 2023. Was report A published before report B? Answer Yes or No.", \
-            "", (m1, d1) < (m2, d2)
+    for a, b, (m1, d1), (m2, d2) in islice(draws(random.Random(seed)), n):
+        question = growth("Alpha Labs", "Beta Systems", a, b)
+        yield "numbers alone", [_user(f"Is {a} greater than {b}? Answer Yes or No.")], "", a > b
+        yield "growth, both stated", [_user(f"{question} Answer Yes or No.")], "", a > b
+        yield "growth, agent's prompt", [{"role": "system", "content": PROMPTS["default"]}, _user(question)], \
+            "<answer>", a > b
+        yield "dates, both stated", [_user(f"Report A was published on {MONTHS[m1]} {d1}, 2023. Report B was "
+                                           f"published on {MONTHS[m2]} {d2}, 2023. Was report A published before "
+                                           "report B? Answer Yes or No.")], "", (m1, d1) < (m2, d2)
 
 
-def main(model_dir: str | None = None) -> None:
+def agent_pairs():
+    """The demo's Yes/No questions in the agent's context: the oracle's searches and passages (and quoted facts)."""
+    from rlkit.agents.rollout import rollout
+    from rlkit.demos.search import SETS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for cite in (False, True):
+            for _, slug, extra in SETS:
+                out = Path(tmp) / f"{slug}-{cite}.jsonl"
+                rollout("recipes/smol_search_grpo.yaml", oracle=True, cite=cite, overrides=extra, out=out,
+                        show_progress=False)
+                for row in map(json.loads, out.read_text().splitlines()):
+                    if row["question_type"] in ("comparison_query", "temporal_query"):
+                        said, gold = row["messages"][-1]["content"], row["answer"].strip() == "Yes"
+                        start = said[:said.index("<answer>")] + "<answer>"
+                        yield f"agent, {slug}, {'facts quoted' if cite else 'passages'}", row["messages"][:-1], \
+                            start, gold
+                        if cite:  # the same quoted facts after the question alone: no searches, no passages
+                            yield f"agent, {slug}, facts, no passages", row["messages"][:2], start, gold
+
+
+def write_drills(n: int, path: str) -> None:
+    """n rows, each one stated form (growth or dates) about two other names, on a pair the probe never asks."""
+    asked = {frozenset(pair) for a, b, d1, d2 in islice(draws(random.Random(0)), 100) for pair in ((a, b), (d1, d2))}
+    rng, rows = random.Random(1), []
+    for a, b, (m1, d1), (m2, d2) in draws(rng):
+        if len(rows) == n:
+            break
+        dates, (x, y) = rng.randrange(2), rng.sample(NAMES, 2)
+        if frozenset(((m1, d1), (m2, d2)) if dates else (a, b)) in asked:
+            continue
+        user, truth = (f"{growth(x, y, a, b)} Answer Yes or No.", a > b) if not dates else (
+            f"{x}'s report was published on {MONTHS[m1]} {d1}, 2023. {y}'s report was published on {MONTHS[m2]} "
+            f"{d2}, 2023. Was {x}'s report published before {y}'s? Answer Yes or No.", (m1, d1) < (m2, d2))
+        rows.append({"messages": [_user(user), {"role": "assistant", "content": "Yes" if truth else "No"}]})
+    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    print(f"{len(rows)} rows -> {path}")
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--drills"]:
+        return write_drills(int(argv[1]), argv[2])
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlkit.data.multihop_rag import search_tool_schemas
     from rlkit.smollm2 import smollm2_path
 
+    model_dir = next((arg for arg in argv if arg != "--agent"), None)
     if model_dir and not any((Path(model_dir) / name).is_file() for name in ("config.json", "adapter_config.json")):
         print(f"compare_probe: {model_dir} holds no model (config.json) or PEFT adapter (adapter_config.json)",
               file=sys.stderr)
@@ -55,18 +122,20 @@ def main(model_dir: str | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yes, no = tok.encode("Yes")[0], tok.encode("No")[0]
     margins: dict[str, list[tuple[float, bool]]] = {}
-    for form, system, user, start, truth in pairs():
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + start
+    rows = list(pairs()) + (list(agent_pairs()) if "--agent" in argv else [])
+    for form, messages, start, truth in rows:
+        tools = search_tool_schemas() if form.startswith("agent") else None
+        text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True) + start
         with torch.no_grad():
             logits = model(tok(text, return_tensors="pt").input_ids).logits[0, -1]
         margins.setdefault(form, []).append(((logits[yes] - logits[no]).item(), truth))
-    print(f"{'form':24} {'right':>6} {'says Yes':>9} {'gold Yes':>9} {'best cut':>9}")
+    print(f"{'form':38} {'n':>4} {'right':>6} {'says Yes':>9} {'gold Yes':>9} {'best cut':>9}")
     for form, rows in margins.items():
         right = sum((m > 0) == t for m, t in rows)
         best = max(sum((m > cut) == t for m, t in rows) for cut in [m for m, _ in rows] + [float("-inf")])
-        print(f"{form:24} {right:>6} {sum(m > 0 for m, _ in rows):>9} {sum(t for _, t in rows):>9} {best:>9}")
+        print(f"{form:38} {len(rows):>4} {right:>6} {sum(m > 0 for m, _ in rows):>9} {sum(t for _, t in rows):>9} "
+              f"{best:>9}")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(sys.argv[1:])
