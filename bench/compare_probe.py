@@ -11,7 +11,7 @@ average, 62-63 at the 95th percentile; of 50, 30-31 and 34, 35-36 at the 99th; s
 `--agent` adds the search agent's own context: the 50 Yes/No questions of the demo's held-out and new-wording sets
 with the oracle teacher's two searches and both gold passages before `<answer>` ("passages"), and the same with the
 teacher's quoted facts (`rlkit rollout --oracle --cite`) right before it ("facts quoted"), and those facts after the
-question with no searches or passages between ("facts, no passages"). About 10 minutes more on 2 cores.
+question with no searches or passages between ("facts, no passages"). About 12 minutes more on 2 cores.
 
 `--drills N FILE` writes N SFT rows (`messages`) of the two stated forms, other names, pairs the probe never asks,
 to teach the comparison with `rlkit train` (docs/demos.md has the command and what it taught):
