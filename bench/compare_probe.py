@@ -22,6 +22,7 @@ to teach the comparison with `rlkit train` (docs/demos.md has the command and wh
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import sys
@@ -103,26 +104,32 @@ def _user(text: str) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["--drills"]:
-        return write_drills(int(argv[1]), argv[2])
+    parser = argparse.ArgumentParser(prog="compare_probe", description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", nargs="?", help="a model or PEFT adapter folder (default: the demos' build)")
+    parser.add_argument("--agent", action="store_true", help="add the search agent's context")
+    parser.add_argument("--drills", nargs=2, metavar=("N", "FILE"), help="write N drill rows to a new FILE, and stop")
+    args = parser.parse_args(argv)
+    if args.drills:
+        n, path = args.drills
+        if not n.isdigit() or Path(path).exists():
+            parser.error(f"--drills {n} {path}: N must be a whole number and FILE a new file")
+        return write_drills(int(n), path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlkit.data.multihop_rag import search_tool_schemas
     from rlkit.smollm2 import smollm2_path
 
-    model_dir = next((arg for arg in argv if arg != "--agent"), None)
+    model_dir = args.model_dir
     if model_dir and not any((Path(model_dir) / name).is_file() for name in ("config.json", "adapter_config.json")):
-        print(f"compare_probe: {model_dir} holds no model (config.json) or PEFT adapter (adapter_config.json)",
-              file=sys.stderr)
-        sys.exit(2)
+        parser.error(f"{model_dir} holds no model (config.json) or PEFT adapter (adapter_config.json)")
     torch.set_num_threads(2)
     path = model_dir or str(smollm2_path())
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yes, no = tok.encode("Yes")[0], tok.encode("No")[0]
     margins: dict[str, list[tuple[float, bool]]] = {}
-    rows = list(pairs()) + (list(agent_pairs()) if "--agent" in argv else [])
+    rows = list(pairs()) + (list(agent_pairs()) if args.agent else [])
     for form, messages, start, truth in rows:
         tools = search_tool_schemas() if form.startswith("agent") else None
         text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True) + start
