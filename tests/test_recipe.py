@@ -58,6 +58,7 @@ def test_good_recipe_builds_trl_config(tmp_path):
         (("num_generations: 4", "num_generations: four"), "trainer.num_generations: Input should be a valid integer"),
         (("num_generations: 4", "num_generations: 3"), "GRPOConfig rejected the settings: generation_batch_size (4)"),
         (("learning_rate: 5e-6", "output_dir: /x"), "trainer.output_dir: set by rlkit; use `rlkit train --output-dir DIR`"),
+        (("name: t", "name: t\noutput_dir: runs/x"), "output_dir: unknown key; use `rlkit train --output-dir DIR`"),
         (("rewards: [{name: gsm8k_correct}]", "rewards: []"), "a grpo recipe needs at least one entry in `rewards:`"),
         (("name: t", "name: t\nalgorithm: ppo_plus"), "algorithm: Input should be 'sft', 'dpo', 'reward', 'ppo' or 'grpo'"),
     ],

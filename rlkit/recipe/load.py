@@ -193,6 +193,8 @@ def _describe(error: ValidationError, data: dict[str, Any]) -> str:
     key = ".".join(loc) or "(top level)"
     if err["type"] == "extra_forbidden":
         valid = _valid_keys(loc[:-1])
+        if len(loc) == 1 and loc[0] in RLKIT_OWNED_TRAINER_KEYS:  # e.g. output_dir: the run directory is a flag
+            return f"{key}: unknown key; {RLKIT_OWNED_TRAINER_KEYS[loc[0]]}"
         return f"{key}: unknown key{did_you_mean(loc[-1], valid)}; valid keys here: {', '.join(sorted(valid))}"
     if err["type"] == "missing":
         return f"{key}: required key is missing"
