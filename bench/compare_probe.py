@@ -10,14 +10,17 @@ average, 62-63 at the 95th percentile; of 50, 30-31 and 34, 35-36 at the 99th; s
 
 `--agent` adds the search agent's own context: the 50 Yes/No questions of the demo's held-out and new-wording sets
 with the oracle teacher's two searches and both gold passages before `<answer>` ("passages"), and the same with the
-teacher's quoted facts (`rlkit rollout --oracle --cite`) right before it ("facts quoted"), and those facts after the
-question with no searches or passages between ("facts, no passages"). About 12 minutes more on 2 cores.
+teacher's quoted facts (`rlkit rollout --oracle --cite`) right before it ("facts quoted"), those facts after the
+question with no searches or passages between ("facts, no passages"), and the passages followed by the two facts
+written as the drills state them, question restated ("facts stated"). About 16 minutes more on 2 cores.
 
 `--drills N FILE` writes N SFT rows (`messages`) of the two stated forms, other names, pairs the probe never asks,
-to teach the comparison with `rlkit train` (docs/demos.md has the command and what it taught):
+to teach the comparison with `rlkit train` (docs/demos.md has the command and what it taught); `--teach N FILE`, the
+demo's 128 teacher rows with each Yes/No answer preceded by its two facts in that stated form, and N drills, 10 a row:
 
     .venv/bin/python bench/compare_probe.py [MODEL_DIR] [--agent]   # default: the demos' SmolLM2 build; ~2 min
     .venv/bin/python bench/compare_probe.py --drills 1600 runs/compare_drills.jsonl
+    .venv/bin/python bench/compare_probe.py --teach 1600 runs/search_taught.jsonl
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import tempfile
 from itertools import islice
@@ -43,6 +47,27 @@ def draws(rng: random.Random):
 
 def growth(x: str, y: str, a: int, b: int) -> str:
     return f"{x} reported revenue up {a}%. {y} reported revenue up {b}%. Did {x} report higher revenue growth than {y}?"
+
+
+def dated(x: str, y: str, first: str, second: str) -> str:
+    return (f"{x}'s report was published on {first}. {y}'s report was published on {second}. Was {x}'s report "
+            f"published before {y}'s?")
+
+
+def stated(kind: str, question: str, quoted: list[str]) -> str | None:
+    """The two facts the oracle quoted (``--cite``: "Outlet, date: fact"), rewritten as the drills state them, in the
+    question's order, question restated; None without both facts (the oracle quotes only what a search returned)."""
+    if len(quoted) != 2:
+        return None
+    if kind == "comparison_query":
+        facts = sorted((re.search(r": (.+?) reported quarterly revenue of .+ up (\d+)%", line).groups()
+                        for line in quoted), key=lambda fact: question.index(fact[0]))
+        return growth(facts[0][0], facts[1][0], int(facts[0][1]), int(facts[1][1]))
+    notes = [re.match(r"(.+?), (\w+ \d+, \d+):", line).groups() for line in quoted]
+    if notes[0][0] == notes[1][0]:  # one outlet reported both
+        return dated("the first", "the second", notes[0][1], notes[1][1])
+    notes.sort(key=lambda note: question.index(note[0]))
+    return dated(notes[0][0], notes[1][0], notes[0][1], notes[1][1])
 
 
 def pairs(seed: int = 0, n: int = 100):
@@ -79,9 +104,14 @@ def agent_pairs():
                             start, gold
                         if cite:  # the same quoted facts after the question alone: no searches, no passages
                             yield f"agent, {slug}, facts, no passages", row["messages"][:2], start, gold
+                            restated = stated(row["question_type"], row["messages"][1]["content"],
+                                              said[:said.index("<answer>")].strip().splitlines())
+                            if restated:  # the facts as the drills state them, after the passages
+                                yield f"agent, {slug}, facts stated", row["messages"][:-1], \
+                                    f"{restated}\n<answer>", gold
 
 
-def write_drills(n: int, path: str) -> None:
+def drills(n: int) -> list[dict]:
     """n rows, each one stated form (growth or dates) about two other names, on a pair the probe never asks."""
     asked = {frozenset(pair) for a, b, d1, d2 in islice(draws(random.Random(0)), 100) for pair in ((a, b), (d1, d2))}
     rng, rows = random.Random(1), []
@@ -91,12 +121,35 @@ def write_drills(n: int, path: str) -> None:
         dates, (x, y) = rng.randrange(2), rng.sample(NAMES, 2)
         if frozenset(((m1, d1), (m2, d2)) if dates else (a, b)) in asked:
             continue
-        user, truth = (f"{growth(x, y, a, b)} Answer Yes or No.", a > b) if not dates else (
-            f"{x}'s report was published on {MONTHS[m1]} {d1}, 2023. {y}'s report was published on {MONTHS[m2]} "
-            f"{d2}, 2023. Was {x}'s report published before {y}'s? Answer Yes or No.", (m1, d1) < (m2, d2))
-        rows.append({"messages": [_user(user), {"role": "assistant", "content": "Yes" if truth else "No"}]})
-    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    print(f"{len(rows)} rows -> {path}")
+        user, truth = (growth(x, y, a, b), a > b) if not dates else (
+            dated(x, y, f"{MONTHS[m1]} {d1}, 2023", f"{MONTHS[m2]} {d2}, 2023"), (m1, d1) < (m2, d2))
+        rows.append({"messages": [_user(f"{user} Answer Yes or No."),
+                                  {"role": "assistant", "content": "Yes" if truth else "No"}]})
+    return rows
+
+
+def taught(n: int) -> list[dict]:
+    """The demo's teacher rows (the oracle on its 128 training questions), each Yes/No answer preceded by the two
+    facts as the drills state them, and n drills packed 10 to a row; shuffled, the same every run."""
+    from rlkit.agents.rollout import rollout
+    from rlkit.demos.search import TEACHER_QUESTIONS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        episodes, sft = Path(tmp) / "episodes.jsonl", Path(tmp) / "sft.jsonl"
+        rollout("recipes/smol_search_grpo.yaml", oracle=True, cite=True, split="train", limit=TEACHER_QUESTIONS,
+                out=episodes, sft_out=sft, show_progress=False)
+        kinds = {e["messages"][1]["content"]: e["question_type"] for e in map(json.loads, episodes.open())}
+        rows = list(map(json.loads, sft.open()))
+    for row in rows:  # --cite's quoted facts dropped: the plain teacher's row, or the facts stated
+        question, last = row["messages"][1]["content"], row["messages"][-1]
+        said, at = last["content"], last["content"].index("<answer>")
+        restated = (stated(kinds[question], question, said[:at].strip().splitlines())
+                    if kinds[question] in ("comparison_query", "temporal_query") else None)
+        last["content"] = f"{restated}\n{said[at:]}" if restated else said[at:]
+    drilled = drills(n)
+    rows += [{"messages": [m for row in drilled[i:i + 10] for m in row["messages"]]} for i in range(0, n, 10)]
+    random.Random(0).shuffle(rows)
+    return rows
 
 
 def _user(text: str) -> dict[str, str]:
@@ -108,12 +161,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("model_dir", nargs="?", help="a model or PEFT adapter folder (default: the demos' build)")
     parser.add_argument("--agent", action="store_true", help="add the search agent's context")
     parser.add_argument("--drills", nargs=2, metavar=("N", "FILE"), help="write N drill rows to a new FILE, and stop")
+    parser.add_argument("--teach", nargs=2, metavar=("N", "FILE"),
+                        help="write the teacher's rows, facts stated, and N drills to a new FILE, and stop")
     args = parser.parse_args(argv)
-    if args.drills:
-        n, path = args.drills
-        if not n.isdigit() or Path(path).exists():
-            parser.error(f"--drills {n} {path}: N must be a whole number and FILE a new file")
-        return write_drills(int(n), path)
+    for flag, make in (("--drills", drills), ("--teach", taught)):
+        if getattr(args, flag[2:]):
+            n, path = getattr(args, flag[2:])
+            if not n.isdigit() or Path(path).exists():
+                parser.error(f"{flag} {n} {path}: N must be a whole number and FILE a new file")
+            rows = make(int(n))
+            Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+            return print(f"{len(rows)} rows -> {path}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
