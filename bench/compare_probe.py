@@ -57,17 +57,16 @@ def dated(x: str, y: str, first: str, second: str) -> str:
 def stated(kind: str, question: str, quoted: list[str]) -> str | None:
     """The two facts the oracle quoted (``--cite``: "Outlet, date: fact"), rewritten as the drills state them, in the
     question's order, question restated; None without both facts (the oracle quotes only what a search returned)."""
-    if len(quoted) != 2:
+    growth_fact, date_fact = r": (.+?) reported quarterly revenue of .+ up (\d+)%", r"(.+?), (\w+ \d+, \d+):"
+    found = [re.search(growth_fact if kind == "comparison_query" else date_fact, line) for line in quoted]
+    if len(found) != 2 or not all(found) or not all(match[1] in question for match in found):
         return None
+    (x, first), (y, second) = sorted((match.groups() for match in found), key=lambda fact: question.index(fact[0]))
     if kind == "comparison_query":
-        facts = sorted((re.search(r": (.+?) reported quarterly revenue of .+ up (\d+)%", line).groups()
-                        for line in quoted), key=lambda fact: question.index(fact[0]))
-        return growth(facts[0][0], facts[1][0], int(facts[0][1]), int(facts[1][1]))
-    notes = [re.match(r"(.+?), (\w+ \d+, \d+):", line).groups() for line in quoted]
-    if notes[0][0] == notes[1][0]:  # one outlet reported both
-        return dated("the first", "the second", notes[0][1], notes[1][1])
-    notes.sort(key=lambda note: question.index(note[0]))
-    return dated(notes[0][0], notes[1][0], notes[0][1], notes[1][1])
+        return growth(x, y, int(first), int(second))
+    if x == y:  # one outlet reported both: in the order quoted
+        return dated("the first", "the second", found[0][2], found[1][2])
+    return dated(x, y, first, second)
 
 
 def pairs(seed: int = 0, n: int = 100):
@@ -164,11 +163,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--teach", nargs=2, metavar=("N", "FILE"),
                         help="write the teacher's rows, facts stated, and N drills to a new FILE, and stop")
     args = parser.parse_args(argv)
+    if args.drills and args.teach or (args.drills or args.teach) and (args.model_dir or args.agent):
+        parser.error("--drills and --teach each write a file and stop: give one of them, without MODEL_DIR or --agent")
     for flag, make in (("--drills", drills), ("--teach", taught)):
         if getattr(args, flag[2:]):
             n, path = getattr(args, flag[2:])
-            if not n.isdigit() or Path(path).exists():
-                parser.error(f"{flag} {n} {path}: N must be a whole number and FILE a new file")
+            if not (n.isascii() and n.isdigit()) or Path(path).exists() or not Path(path).parent.is_dir():
+                parser.error(f"{flag} {n} {path}: N must be a whole number and FILE a new file in a folder that exists")
             rows = make(int(n))
             Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
             return print(f"{len(rows)} rows -> {path}")
