@@ -92,6 +92,8 @@ MATRIX = [
      "openai/gsm8k: cannot reach the Hugging Face Hub"),
     ("Hub model while offline", ["train", SFT, "--smoke", "--set", "model.name_or_path=Qwen/Qwen3-0.6B"],
      "model.name_or_path: cannot load 'Qwen/Qwen3-0.6B'"),
+    ("missing model folder", ["train", SFT, "--smoke", "--set", "model.name_or_path={tmp}/nomodel"],
+     "model.name_or_path: {tmp}/nomodel: no such folder; give a model folder"),
     ("missing columns", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/nocols.jsonl}"],
      "{tmp}/nocols.jsonl: missing column(s) question, answer; found foo"),
     ("empty dataset", ["train", SFT, "--smoke", "--set", "data.train={path: {tmp}/empty.jsonl}"],

@@ -200,6 +200,9 @@ def load_tokenizer(name: str):
 
 
 def _from_pretrained(cls: Any, name: str, **kwargs: Any):
+    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():  # a path; a Hub id cannot start so
+        raise UserError(f"model.name_or_path: {name}: no such folder; give a model folder, a run directory or a Hub "
+                        "model id")
     try:
         return cls.from_pretrained(name, **kwargs)
     except OSError as e:
